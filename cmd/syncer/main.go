@@ -1,0 +1,257 @@
+// Command syncer is raysync: it keeps every in-scope RayCluster's auth token equal to one canonical
+// Secret, next to the stock KubeRay operator. main does flags, signals, clients, caches, servers and
+// leader election; the work is in internal/projection.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/projection"
+)
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		usage()
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "syncer:", err)
+		os.Exit(2)
+	}
+	log, err := newLogger(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "syncer:", err)
+		os.Exit(2)
+	}
+	defer func() { _ = log.Sync() }()
+	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("exiting", zap.Error(err))
+		_ = log.Sync()
+		os.Exit(1)
+	}
+}
+
+func newLogger(cfg *config) (*zap.Logger, error) {
+	zc := zap.NewProductionConfig()
+	if cfg.logFormat == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.EncoderConfig.EncodeLevel = zapcore.CapitalLevelEncoder
+	}
+	zc.EncoderConfig.TimeKey = "ts"
+	zc.EncoderConfig.EncodeTime = zapcore.RFC3339NanoTimeEncoder
+	zc.Level = zap.NewAtomicLevelAt(cfg.logLevel)
+	zc.Sampling = nil
+	return zc.Build()
+}
+
+func restConfig(cfg *config) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
+	switch {
+	case cfg.kubeconfig != "":
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.kubeconfig)
+	default:
+		rc, err = rest.InClusterConfig()
+		if errors.Is(err, rest.ErrNotInCluster) {
+			rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+				clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	rc.UserAgent = "raysync"
+	if cfg.qps == 0 {
+		rc.QPS = -1 // no client-side throttle: APF on the server and --workers bound the load
+	} else {
+		rc.QPS = float32(cfg.qps)
+		rc.Burst = cfg.burst
+		if rc.Burst == 0 {
+			rc.Burst = int(2 * cfg.qps)
+		}
+	}
+	return rc, nil
+}
+
+func run(ctx context.Context, cfg *config, log *zap.Logger) error {
+	rc, err := restConfig(cfg)
+	if err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+
+	caches := informer.New(kube, dyn, informer.Config{
+		Namespaces:      cfg.namespaces,
+		ClusterSelector: cfg.clusterSelector,
+		Sources:         []types.NamespacedName{cfg.authSource},
+	})
+	recorder, stopEvents := eventRecorder(kube, cfg.dryRun, log)
+	defer stopEvents()
+
+	var ctrl *projection.Controller
+	m := metrics.New(func() metrics.Snapshot { return ctrl.Snapshot() })
+	ctrl, err = projection.New(kube, caches, recorder, m, log, projection.Options{
+		Source: cfg.authSource, SourceKey: cfg.authSourceKey, DryRun: cfg.dryRun,
+	})
+	if err != nil {
+		return err
+	}
+
+	var elector *leaderelection.LeaderElector
+	healthz := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	if err := serve(ctx, log, cfg.metricsAddr, "/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})); err != nil {
+		return err
+	}
+	probes := http.NewServeMux()
+	probes.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := healthz.Check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	probes.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !caches.HasSynced() {
+			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	if err := serve(ctx, log, cfg.probeAddr, "/", probes); err != nil {
+		return err
+	}
+
+	log.Info("starting raysync", zap.String("source", cfg.authSource.String()), zap.String("scope", informer.Config{
+		Namespaces: cfg.namespaces, ClusterSelector: cfg.clusterSelector}.String()),
+		zap.Bool("leaderElect", cfg.leaderElect), zap.Bool("dryRun", cfg.dryRun), zap.Int("workers", cfg.workers))
+	caches.Start(ctx.Done())
+	// Every replica syncs its caches, so standbys are ready and take over with warm caches.
+	go func() {
+		if caches.WaitForSync(ctx.Done()) {
+			log.Info("caches synced")
+		}
+	}()
+
+	if !cfg.leaderElect {
+		return ctrl.Run(ctx, cfg.workers)
+	}
+	id, _ := os.Hostname()
+	id = id + "_" + string(uuid.NewUUID())
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1ObjectMeta("raysync", cfg.leaderElectionNS),
+		Client:     kube.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+	}
+	lost := make(chan struct{})
+	elector, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   cfg.leaseDuration,
+		RenewDeadline:   cfg.renewDeadline,
+		RetryPeriod:     cfg.retryPeriod,
+		ReleaseOnCancel: true,
+		Name:            "raysync",
+		WatchDog:        healthz,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				log.Info("acquired leadership", zap.String("identity", id))
+				if err := ctrl.Run(ctx, cfg.workers); err != nil {
+					log.Error("controller stopped", zap.Error(err))
+				}
+			},
+			OnStoppedLeading: func() { close(lost) },
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					log.Info("standing by", zap.String("leader", identity))
+				}
+			},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	elector.Run(ctx)
+	<-lost
+	if ctx.Err() != nil {
+		log.Info("shut down; leadership released")
+		return nil
+	}
+	// Losing the lease means another replica may already be writing: stop at once.
+	return errors.New("lost leadership")
+}
+
+func eventRecorder(kube kubernetes.Interface, dryRun bool, log *zap.Logger) (record.EventRecorder, func()) {
+	if dryRun {
+		return logRecorder{log: log}, func() {}
+	}
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "raysync"}), b.Shutdown
+}
+
+// serve runs an HTTP server on addr until ctx ends; "0" or "" disables it.
+func serve(ctx context.Context, log *zap.Logger, addr, pattern string, h http.Handler) error {
+	if addr == "0" || addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(pattern, h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("server stopped", zap.String("addr", addr), zap.Error(err))
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("serving", zap.String("addr", ln.Addr().String()), zap.String("path", pattern))
+	return nil
+}

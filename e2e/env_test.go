@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+var (
+	rayClusterGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}
+	rayServiceGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayservices"}
+	crdGVR        = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+)
+
+// Env is one test's view of one control plane.
+type Env struct {
+	*framework.ControlPlane
+	t   *testing.T
+	ctx context.Context
+}
+
+func newEnv(t *testing.T, cp *framework.ControlPlane) *Env {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	return &Env{ControlPlane: cp, t: t, ctx: ctx}
+}
+
+// Namespace creates a namespace of the test's own, deleted when the test ends.
+func (e *Env) Namespace() string {
+	e.t.Helper()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name := "e2e-" + hex.EncodeToString(b)
+	_, err := e.Kube.CoreV1().Namespaces().Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name,
+		Labels: map[string]string{"raysync.dev/e2e": "true"}}}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create namespace: %v", err)
+	}
+	e.t.Cleanup(func() {
+		_ = e.Kube.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return name
+}
+
+// SupportsSecretName reports whether the installed RayCluster CRD has authOptions.secretName (KubeRay v1.6+).
+func (e *Env) SupportsSecretName() bool {
+	e.t.Helper()
+	crd, err := e.Dynamic.Resource(crdGVR).Get(e.ctx, "rayclusters.ray.io", metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatalf("get CRD: %v", err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		_, found, _ := unstructured.NestedMap(v.(map[string]any), "schema", "openAPIV3Schema", "properties", "spec",
+			"properties", "authOptions", "properties", "secretName")
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Env) CreateRayCluster(obj *unstructured.Unstructured) *unstructured.Unstructured {
+	e.t.Helper()
+	out, err := e.Dynamic.Resource(rayClusterGVR).Namespace(obj.GetNamespace()).Create(e.ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create RayCluster %s: %v", obj.GetName(), err)
+	}
+	return out
+}
+
+// WaitSecret waits until the Secret exists and cond (if any) holds.
+func (e *Env) WaitSecret(ns, name string, timeout time.Duration, cond func(*corev1.Secret) bool) *corev1.Secret {
+	e.t.Helper()
+	var got *corev1.Secret
+	err := wait.PollUntilContextTimeout(e.ctx, 20*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		s, err := e.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		got = s
+		return cond == nil || cond(s), nil
+	})
+	if err != nil {
+		e.t.Fatalf("Secret %s/%s: condition not met within %s (last seen: %s)", ns, name, timeout, describeSecret(got))
+	}
+	return got
+}
+
+// WaitGone waits until the Secret no longer exists.
+func (e *Env) WaitSecretGone(ns, name string, timeout time.Duration) {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		_, err := e.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		e.t.Fatalf("Secret %s/%s still exists after %s", ns, name, timeout)
+	}
+}
+
+// WaitPods waits until the cluster has at least n Pod objects and returns them.
+func (e *Env) WaitPods(ns, cluster string, n int, timeout time.Duration) []corev1.Pod {
+	e.t.Helper()
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		l, err := e.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + cluster})
+		if err != nil {
+			return false, nil
+		}
+		pods = l.Items
+		return len(pods) >= n, nil
+	})
+	if err != nil {
+		e.t.Fatalf("cluster %s/%s: want %d pods, have %d after %s", ns, cluster, n, len(pods), timeout)
+	}
+	return pods
+}
+
+// describeSecret names a Secret's shape for failure messages, never its values.
+func describeSecret(s *corev1.Secret) string {
+	if s == nil {
+		return "<none>"
+	}
+	var keys []string
+	for k, v := range s.Data {
+		keys = append(keys, fmt.Sprintf("%s(%d bytes)", k, len(v)))
+	}
+	return fmt.Sprintf("keys=[%s] labels=%v annotations=%v owners=%d", strings.Join(keys, ","), s.Labels, s.Annotations, len(s.OwnerReferences))
+}
+
+// rayCluster builds a minimal token-auth RayCluster (one head, one worker) as KubeRay v1.5.1+ accepts it.
+func rayCluster(ns, name string, mutate ...func(map[string]any)) *unstructured.Unstructured {
+	spec := map[string]any{
+		"rayVersion":  "2.52.0",
+		"authOptions": map[string]any{"mode": "token"},
+		"headGroupSpec": map[string]any{
+			"rayStartParams": map[string]any{},
+			"template": map[string]any{"spec": map[string]any{"containers": []any{
+				map[string]any{"name": "ray-head", "image": "rayproject/ray:2.52.0"},
+			}}},
+		},
+		"workerGroupSpecs": []any{map[string]any{
+			"groupName": "workers", "replicas": int64(1), "minReplicas": int64(0), "maxReplicas": int64(3),
+			"rayStartParams": map[string]any{},
+			"template": map[string]any{"spec": map[string]any{"containers": []any{
+				map[string]any{"name": "ray-worker", "image": "rayproject/ray:2.52.0"},
+			}}},
+		}},
+	}
+	for _, m := range mutate {
+		m(spec)
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ray.io/v1", "kind": "RayCluster",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec":     spec,
+	}}
+}
+
+func withSecretName(name string) func(map[string]any) {
+	return func(spec map[string]any) { spec["authOptions"].(map[string]any)["secretName"] = name }
+}
+
+// authTokenSecretRef returns the Secret name a container's RAY_AUTH_TOKEN comes from ("" if none).
+func authTokenSecretRef(c corev1.Container) (name, key string) {
+	for _, e := range c.Env {
+		if e.Name == "RAY_AUTH_TOKEN" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			name, key = e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key
+		}
+	}
+	return name, key
+}

@@ -1,0 +1,186 @@
+// Package framework runs a real control plane on loopback for raysync's e2e tests:
+// etcd, kube-apiserver, kube-controller-manager and the stock KubeRay operator, all
+// built on demand from the Go module proxy into a git-ignored cache inside the repo.
+package framework
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// Pinned versions. The tools modules under e2e/tools hold their go.sum files.
+const (
+	EtcdVersion       = "v3.6.16"
+	KubernetesVersion = "v1.37.2"
+	kuberayModule     = "github.com/ray-project/kuberay/ray-operator"
+)
+
+// KubeRayVersions are the operator releases the suite runs against.
+var KubeRayVersions = []string{"v1.5.1", "v1.6.1"}
+
+// Binaries are the paths of everything the control plane runs.
+type Binaries struct {
+	Etcd, APIServer, ControllerManager, KubeRay string
+	// KubeRayCRDs is the operator module's config/crd/bases directory.
+	KubeRayCRDs string
+}
+
+// RepoRoot finds the raysync checkout from the working directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.HasPrefix(b, []byte("module github.com/raysync/raysync\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the raysync repository (no go.mod for github.com/raysync/raysync above the working directory)")
+		}
+		dir = parent
+	}
+}
+
+// CacheDir is where built binaries live: $RAYSYNC_CACHE_DIR or <repo>/.cache.
+func CacheDir() (string, error) {
+	if d := os.Getenv("RAYSYNC_CACHE_DIR"); d != "" {
+		return filepath.Abs(d)
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, ".cache"), nil
+}
+
+// EnsureBinaries builds whatever is missing for the given KubeRay version and returns the paths.
+// A cold build takes ~8 minutes on 2 cores; afterwards it returns at once.
+func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string, ...any)) (*Binaries, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(cache, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return nil, err
+	}
+	// One build at a time per cache, also across processes (two test binaries, make dev-cluster).
+	unlock, err := lockFile(filepath.Join(cache, "build.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	b := &Binaries{
+		Etcd:              filepath.Join(bin, "etcd-"+EtcdVersion),
+		APIServer:         filepath.Join(bin, "kube-apiserver-"+KubernetesVersion),
+		ControllerManager: filepath.Join(bin, "kube-controller-manager-"+KubernetesVersion),
+		KubeRay:           filepath.Join(bin, "kuberay-operator-"+kuberayVersion),
+	}
+	ldflags := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
+		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
+	steps := []struct {
+		out, dir string
+		args     []string
+	}{
+		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w", "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
+		{b.APIServer, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.APIServer + ".tmp", "k8s.io/kubernetes/cmd/kube-apiserver"}},
+		{b.ControllerManager, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.ControllerManager + ".tmp", "k8s.io/kubernetes/cmd/kube-controller-manager"}},
+	}
+	for _, s := range steps {
+		if fileExists(s.out) {
+			continue
+		}
+		logf("building %s (first run only; the whole control plane takes ~8 minutes cold)", filepath.Base(s.out))
+		if err := goCmd(ctx, s.dir, nil, s.args...); err != nil {
+			return nil, err
+		}
+		if err := os.Rename(s.out+".tmp", s.out); err != nil {
+			return nil, err
+		}
+	}
+	if !fileExists(b.KubeRay) {
+		logf("building %s", filepath.Base(b.KubeRay))
+		gobin, err := os.MkdirTemp(bin, "kuberay-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(gobin)
+		// The operator module has no replace directives, so `go install module@version` builds it exactly.
+		if err := goCmd(ctx, root, []string{"GOBIN=" + gobin}, "install", "-trimpath", kuberayModule+"@"+kuberayVersion); err != nil {
+			return nil, err
+		}
+		if err := os.Rename(filepath.Join(gobin, "ray-operator"), b.KubeRay); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := moduleDir(ctx, root, kuberayModule+"@"+kuberayVersion)
+	if err != nil {
+		return nil, err
+	}
+	b.KubeRayCRDs = filepath.Join(dir, "config", "crd", "bases")
+	return b, nil
+}
+
+func moduleDir(ctx context.Context, root, modVersion string) (string, error) {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", modVersion)
+	cmd.Dir = root
+	cmd.Stdout = &out
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", modVersion, err)
+	}
+	var m struct{ Dir, Error string }
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		return "", err
+	}
+	if m.Error != "" || m.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: %s", modVersion, m.Error)
+	}
+	return m.Dir, nil
+}
+
+func goCmd(ctx context.Context, dir string, env []string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly"), env...)
+	var stderr bytes.Buffer
+	cmd.Stdout = os.Stderr
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go %s (in %s): %w\n%s", strings.Join(args, " "), dir, err, stderr.String())
+	}
+	return nil
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
+
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+}

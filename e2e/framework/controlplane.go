@@ -1,0 +1,351 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+)
+
+// Options choose what Start runs.
+type Options struct {
+	// KubeRayVersion is the operator release to run: v1.5.1 or v1.6.1.
+	KubeRayVersion string
+	// Dir holds PKI, data, logs and the pid file. Empty means a fresh temporary directory.
+	Dir string
+	// Detached leaves the processes running after this process exits (make dev-cluster).
+	Detached bool
+	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
+	ExtraAPIServerArgs []string
+	// Logf receives progress lines; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// ControlPlane is a running (or connected) API server with the KubeRay operator.
+type ControlPlane struct {
+	Dir            string
+	KubeRayVersion string
+	// Kubeconfig is the path of an admin (system:masters) kubeconfig.
+	Kubeconfig string
+	Config     *rest.Config
+	Kube       kubernetes.Interface
+	Dynamic    dynamic.Interface
+	// External is true when the harness connected to a cluster it did not start (E2E_KUBECONFIG).
+	External bool
+
+	procs []*process
+}
+
+// Start brings up etcd → kube-apiserver → kube-controller-manager → KubeRay CRDs → KubeRay operator,
+// each waited on for readiness. On error everything started so far is stopped.
+func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
+	logf := o.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if o.KubeRayVersion == "" {
+		o.KubeRayVersion = "v1.6.1"
+	}
+	bins, err := EnsureBinaries(ctx, o.KubeRayVersion, logf)
+	if err != nil {
+		return nil, err
+	}
+	dir := o.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "raysync-e2e-"); err != nil {
+			return nil, err
+		}
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cp = &ControlPlane{Dir: dir, KubeRayVersion: o.KubeRayVersion}
+	defer func() {
+		if err != nil {
+			_ = cp.Stop()
+			err = fmt.Errorf("%w (logs in %s)", err, dir)
+		}
+	}()
+	pk, err := newPKI(dir)
+	if err != nil {
+		return cp, fmt.Errorf("pki: %w", err)
+	}
+	ports, err := freePorts(4)
+	if err != nil {
+		return cp, err
+	}
+	etcdPort, peerPort, apiPort, probePort := ports[0], ports[1], ports[2], ports[3]
+	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	cp.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	if err := writeKubeconfig(cp.Kubeconfig, server, pk.caCert, pk.adminCert, pk.adminKey); err != nil {
+		return cp, err
+	}
+	kcmKubeconfig := filepath.Join(dir, "kcm.kubeconfig")
+	if err := writeKubeconfig(kcmKubeconfig, server, pk.caCert, pk.kcmCert, pk.kcmKey); err != nil {
+		return cp, err
+	}
+
+	start := func(name, path string, args ...string) error {
+		p, err := startProcess(dir, name, path, args, o.Detached)
+		if err != nil {
+			return err
+		}
+		cp.procs = append(cp.procs, p)
+		return writePIDs(dir, cp.procs)
+	}
+
+	t0 := time.Now()
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	if err := start("etcd", bins.Etcd, "--name=e2e", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=e2e="+peerURL, "--unsafe-no-fsync", "--log-level=warn"); err != nil {
+		return cp, err
+	}
+	if err := waitHTTP(ctx, cp.procs[0], etcdURL+"/health", `"health":"true"`, 30*time.Second); err != nil {
+		return cp, fmt.Errorf("etcd: %w", err)
+	}
+	logf("etcd ready on 127.0.0.1:%d (%s)", etcdPort, time.Since(t0).Round(time.Millisecond))
+
+	apiArgs := []string{
+		"--etcd-servers=" + etcdURL, "--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(apiPort),
+		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+		"--tls-cert-file=" + pk.servingCert, "--tls-private-key-file=" + pk.servingKey, "--client-ca-file=" + pk.caCert,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + pk.saPub, "--service-account-signing-key-file=" + pk.saKey,
+		"--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--allow-privileged=true",
+	}
+	if err := start("kube-apiserver", bins.APIServer, append(apiArgs, o.ExtraAPIServerArgs...)...); err != nil {
+		return cp, err
+	}
+	if err := cp.connect(); err != nil {
+		return cp, err
+	}
+	if err := cp.waitAPIServer(ctx, 90*time.Second); err != nil {
+		return cp, err
+	}
+	logf("kube-apiserver ready on 127.0.0.1:%d (%s)", apiPort, time.Since(t0).Round(time.Millisecond))
+
+	if err := start("kube-controller-manager", bins.ControllerManager, "--kubeconfig="+kcmKubeconfig,
+		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=true",
+		"--root-ca-file="+pk.caCert, "--service-account-private-key-file="+pk.saKey,
+		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller"); err != nil {
+		return cp, err
+	}
+	// The serviceaccount controller creates each namespace's default ServiceAccount; Pods need it.
+	if err := poll(ctx, cp.procs[2], 60*time.Second, func(ctx context.Context) (bool, error) {
+		_, err := cp.Kube.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return cp, fmt.Errorf("kube-controller-manager: default ServiceAccount never appeared: %w", err)
+	}
+	logf("kube-controller-manager ready (%s)", time.Since(t0).Round(time.Millisecond))
+
+	if err := InstallCRDs(ctx, cp.Dynamic, bins.KubeRayCRDs); err != nil {
+		return cp, err
+	}
+	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
+	if err := start("kuberay-operator", bins.KubeRay, "--kubeconfig="+cp.Kubeconfig, "--enable-leader-election=false",
+		"--metrics-addr=0", "--health-probe-bind-address="+probe); err != nil {
+		return cp, err
+	}
+	if err := waitHTTP(ctx, cp.procs[3], "http://"+probe+"/readyz", "", 60*time.Second); err != nil {
+		return cp, fmt.Errorf("kuberay operator: %w", err)
+	}
+	logf("KubeRay operator %s ready (%s)", o.KubeRayVersion, time.Since(t0).Round(time.Millisecond))
+	return cp, nil
+}
+
+// Connect uses a cluster someone else runs (which must already run the KubeRay operator).
+func Connect(kubeconfig string) (*ControlPlane, error) {
+	cp := &ControlPlane{Kubeconfig: kubeconfig, External: true, KubeRayVersion: "external"}
+	if err := cp.connect(); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+// Attach returns a handle on a detached control plane started earlier in dir (to stop it).
+func Attach(dir string) (*ControlPlane, error) {
+	procs, err := readPIDs(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &ControlPlane{Dir: dir, procs: procs, Kubeconfig: filepath.Join(dir, "admin.kubeconfig")}, nil
+}
+
+func (c *ControlPlane) connect() error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = -1, 0 // tests create objects in bursts; the local API server can take it
+	c.Config = cfg
+	if c.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	c.Dynamic, err = dynamic.NewForConfig(cfg)
+	return err
+}
+
+// Stop stops every process in order (operator, kcm, apiserver, etcd). Safe to call twice.
+func (c *ControlPlane) Stop() error {
+	if c == nil || c.External {
+		return nil
+	}
+	err := stopAll(c.procs)
+	c.procs = nil
+	return err
+}
+
+// Running reports whether any process of this control plane is still alive.
+func (c *ControlPlane) Running() []string {
+	var names []string
+	for _, p := range c.procs {
+		if p.alive() {
+			names = append(names, fmt.Sprintf("%s (pid %d)", p.name, p.pid))
+		}
+	}
+	return names
+}
+
+func (c *ControlPlane) waitAPIServer(ctx context.Context, timeout time.Duration) error {
+	return poll(ctx, c.procs[1], timeout, func(ctx context.Context) (bool, error) {
+		body, err := c.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+}
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// InstallCRDs creates every CRD in dir (too large for client-side apply) and waits until they are Established.
+func InstallCRDs(ctx context.Context, dyn dynamic.Interface, dir string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		return err
+	}
+	sort.Strings(files)
+	var names []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(b, &obj.Object); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		if _, err := dyn.Resource(crdGVR).Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create CRD %s: %w", obj.GetName(), err)
+		}
+		names = append(names, obj.GetName())
+	}
+	for _, n := range names {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			crd, err := dyn.Resource(crdGVR).Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+			for _, c := range conds {
+				m, _ := c.(map[string]any)
+				if m["type"] == "Established" && m["status"] == "True" {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not established: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// poll runs cond until it is true, the timeout passes, or p exits (then its log tail is in the error).
+func poll(ctx context.Context, p *process, timeout time.Duration, cond wait.ConditionWithContextFunc) error {
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if !p.alive() {
+			return false, fmt.Errorf("%s exited:\n%s", p.name, tail(p.logPath(), 20))
+		}
+		return cond(ctx)
+	})
+}
+
+func waitHTTP(ctx context.Context, p *process, url, want string, timeout time.Duration) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	return poll(ctx, p, timeout, func(ctx context.Context) (bool, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		buf := make([]byte, 4096)
+		n, _ := resp.Body.Read(buf)
+		return resp.StatusCode == http.StatusOK && strings.Contains(string(buf[:n]), want), nil
+	})
+}
+
+// freePorts reserves n distinct loopback ports. Holding all listeners until every port is chosen
+// keeps them distinct; the kernel does not hand a just-closed ephemeral port straight back out.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// FreePort returns a loopback port for a test's own listener.
+func FreePort() (int, error) {
+	p, err := freePorts(1)
+	if err != nil {
+		return 0, err
+	}
+	return p[0], nil
+}
+
+func tail(path string, lines int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return strings.Join(ls, "\n")
+}

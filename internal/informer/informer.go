@@ -1,0 +1,314 @@
+// Package informer decides what raysync watches and how watch events become work-queue keys.
+//
+// Memory is bounded by what raysync must read, not by the size of the cluster: RayClusters are
+// cached as unstructured objects (never round-tripped through Go types that could drop fields);
+// Secrets only through label- or field-selected informers (KubeRay's auth Secrets, raysync's own
+// copies, the canonical source by name); Pods only if they are Ray nodes. managedFields are stripped.
+package informer
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+const (
+	// ManagedByLabel marks Secrets raysync created and may update or delete.
+	ManagedByLabel = "raysync.dev/managed-by"
+	ManagedByValue = "raysync"
+
+	clusterIndex = "raysync.dev/cluster" // pods by <namespace>/<ray.io/cluster>
+)
+
+// KeyKind says what a work-queue key asks for.
+type KeyKind uint8
+
+const (
+	// ClusterKey: reconcile one RayCluster's targets.
+	ClusterKey KeyKind = iota
+	// NamespaceKey: prune raysync-managed copies no RayCluster in the namespace references.
+	NamespaceKey
+	// SourceKey: validate the canonical source and account for rotations.
+	SourceKey
+)
+
+// Key is one unit of work. Handlers only ever enqueue keys; workers read the caches.
+type Key struct {
+	Kind      KeyKind
+	Namespace string
+	Name      string
+}
+
+func (k Key) String() string {
+	switch k.Kind {
+	case NamespaceKey:
+		return "namespace:" + k.Namespace
+	case SourceKey:
+		return "source:" + k.Namespace + "/" + k.Name
+	}
+	return k.Namespace + "/" + k.Name
+}
+
+// Config is what raysync is told to watch.
+type Config struct {
+	// Namespaces to watch; empty means all namespaces.
+	Namespaces []string
+	// ClusterSelector is a label selector on RayClusters ("" selects all).
+	ClusterSelector string
+	// Sources are the canonical Secrets (by name; each gets an informer of its own).
+	Sources []types.NamespacedName
+}
+
+// scope holds the informers of one watched namespace ("" when watching all).
+type scope struct {
+	clusters       cache.SharedIndexInformer
+	clusterSecrets cache.SharedIndexInformer // labelled ray.io/cluster (KubeRay's generated Secrets)
+	managedSecrets cache.SharedIndexInformer // labelled raysync.dev/managed-by=raysync
+	pods           cache.SharedIndexInformer // labelled ray.io/node-type
+}
+
+// Caches are raysync's read path: every worker reads from here, never from the API server.
+type Caches struct {
+	cfg     Config
+	scopes  map[string]*scope
+	sources map[types.NamespacedName]cache.SharedIndexInformer
+
+	firstSeen       sync.Map // types.UID -> time.Time when raysync first saw the RayCluster
+	sourceChangedAt sync.Map // types.NamespacedName -> time.Time of the last observed content change
+	synced          atomic.Bool
+}
+
+// New builds (does not start) the informers.
+func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
+	c := &Caches{cfg: cfg, scopes: map[string]*scope{}, sources: map[types.NamespacedName]cache.SharedIndexInformer{}}
+	namespaces := cfg.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
+	}
+	labelled := func(selector string) func(*metav1.ListOptions) {
+		return func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	}
+	nsIndex := cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
+	for _, ns := range namespaces {
+		s := &scope{
+			clusters: dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayClusterGVR, ns, 0, nsIndex,
+				labelled(cfg.ClusterSelector)).Informer(),
+			clusterSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(kuberay.ClusterLabel)),
+			managedSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(ManagedByLabel+"="+ManagedByValue)),
+			pods: coreinformers.NewFilteredPodInformer(kube, ns, 0, cache.Indexers{clusterIndex: podClusterIndex},
+				labelled(kuberay.NodeTypeLabel)),
+		}
+		for _, inf := range []cache.SharedIndexInformer{s.clusters, s.clusterSecrets, s.managedSecrets, s.pods} {
+			_ = inf.SetTransform(stripManagedFields)
+		}
+		c.scopes[ns] = s
+	}
+	for _, src := range cfg.Sources {
+		inf := coreinformers.NewFilteredSecretInformer(kube, src.Namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", src.Name).String()
+		})
+		_ = inf.SetTransform(stripManagedFields)
+		c.sources[src] = inf
+	}
+	return c
+}
+
+func (c *Caches) all() []cache.SharedIndexInformer {
+	var infs []cache.SharedIndexInformer
+	for _, s := range c.scopes {
+		infs = append(infs, s.clusters, s.clusterSecrets, s.managedSecrets, s.pods)
+	}
+	for _, inf := range c.sources {
+		infs = append(infs, inf)
+	}
+	return infs
+}
+
+// Start runs every informer until stop is closed.
+func (c *Caches) Start(stop <-chan struct{}) {
+	for _, inf := range c.all() {
+		go inf.Run(stop)
+	}
+}
+
+// WaitForSync blocks until every informer has listed once (or stop closes) and reports success.
+func (c *Caches) WaitForSync(stop <-chan struct{}) bool {
+	var syncs []cache.InformerSynced
+	for _, inf := range c.all() {
+		syncs = append(syncs, inf.HasSynced)
+	}
+	ok := cache.WaitForCacheSync(stop, syncs...)
+	c.synced.Store(ok)
+	return ok
+}
+
+// HasSynced is the readiness signal: true once every cache has synced.
+func (c *Caches) HasSynced() bool { return c.synced.Load() }
+
+func (c *Caches) scopeFor(ns string) *scope {
+	if s, ok := c.scopes[metav1.NamespaceAll]; ok {
+		return s
+	}
+	return c.scopes[ns]
+}
+
+// InScope reports whether raysync watches the namespace.
+func (c *Caches) InScope(ns string) bool { return c.scopeFor(ns) != nil }
+
+// RayCluster returns a cached RayCluster; callers must DeepCopy before changing it.
+func (c *Caches) RayCluster(ns, name string) (*unstructured.Unstructured, bool) {
+	s := c.scopeFor(ns)
+	if s == nil {
+		return nil, false
+	}
+	obj, ok, _ := s.clusters.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	return u, ok
+}
+
+// RayClusters lists cached RayClusters in ns, or in every watched namespace when ns is "".
+func (c *Caches) RayClusters(ns string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	add := func(objs []any) {
+		for _, o := range objs {
+			if u, ok := o.(*unstructured.Unstructured); ok {
+				out = append(out, u)
+			}
+		}
+	}
+	if ns != "" {
+		if s := c.scopeFor(ns); s != nil {
+			objs, _ := s.clusters.GetIndexer().ByIndex(cache.NamespaceIndex, ns)
+			add(objs)
+		}
+		return out
+	}
+	for _, s := range c.scopes {
+		add(s.clusters.GetIndexer().List())
+	}
+	return out
+}
+
+// ClusterSecret returns a cached Secret labelled ray.io/cluster (KubeRay's shape).
+func (c *Caches) ClusterSecret(ns, name string) (*corev1.Secret, bool) {
+	return secretFrom(c.scopeFor(ns), func(s *scope) cache.SharedIndexInformer { return s.clusterSecrets }, ns, name)
+}
+
+// ManagedSecret returns a cached raysync-managed Secret.
+func (c *Caches) ManagedSecret(ns, name string) (*corev1.Secret, bool) {
+	return secretFrom(c.scopeFor(ns), func(s *scope) cache.SharedIndexInformer { return s.managedSecrets }, ns, name)
+}
+
+// ManagedSecrets lists raysync-managed Secrets in ns.
+func (c *Caches) ManagedSecrets(ns string) []*corev1.Secret {
+	s := c.scopeFor(ns)
+	if s == nil {
+		return nil
+	}
+	objs, _ := s.managedSecrets.GetIndexer().ByIndex(cache.NamespaceIndex, ns)
+	out := make([]*corev1.Secret, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*corev1.Secret))
+	}
+	return out
+}
+
+// Source returns the cached canonical Secret.
+func (c *Caches) Source(src types.NamespacedName) (*corev1.Secret, bool) {
+	inf, ok := c.sources[src]
+	if !ok {
+		return nil, false
+	}
+	obj, ok, _ := inf.GetIndexer().GetByKey(src.String())
+	if !ok {
+		return nil, false
+	}
+	return obj.(*corev1.Secret), true
+}
+
+// Pods lists the cached Ray pods of one cluster.
+func (c *Caches) Pods(ns, cluster string) []*corev1.Pod {
+	s := c.scopeFor(ns)
+	if s == nil {
+		return nil
+	}
+	objs, _ := s.pods.GetIndexer().ByIndex(clusterIndex, ns+"/"+cluster)
+	out := make([]*corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*corev1.Pod))
+	}
+	return out
+}
+
+// FirstSeen is when raysync first saw the RayCluster (zero if never).
+func (c *Caches) FirstSeen(uid types.UID) time.Time {
+	if v, ok := c.firstSeen.Load(uid); ok {
+		return v.(time.Time)
+	}
+	return time.Time{}
+}
+
+// SourceChangedAt is when raysync last saw the source's content change (zero if never).
+func (c *Caches) SourceChangedAt(src types.NamespacedName) time.Time {
+	if v, ok := c.sourceChangedAt.Load(src); ok {
+		return v.(time.Time)
+	}
+	return time.Time{}
+}
+
+func secretFrom(s *scope, pick func(*scope) cache.SharedIndexInformer, ns, name string) (*corev1.Secret, bool) {
+	if s == nil {
+		return nil, false
+	}
+	obj, ok, _ := pick(s).GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	sec, ok := obj.(*corev1.Secret)
+	return sec, ok
+}
+
+func podClusterIndex(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	if c := p.Labels[kuberay.ClusterLabel]; c != "" {
+		return []string{p.Namespace + "/" + c}, nil
+	}
+	return nil, nil
+}
+
+// stripManagedFields drops what raysync never reads before an object enters a cache.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// String describes the watch configuration for logs.
+func (c Config) String() string {
+	ns := "all namespaces"
+	if len(c.Namespaces) > 0 {
+		ns = fmt.Sprint(c.Namespaces)
+	}
+	return fmt.Sprintf("namespaces=%s selector=%q sources=%v", ns, c.ClusterSelector, c.Sources)
+}
