@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/e2e/framework"
@@ -30,12 +31,21 @@ type Env struct {
 	*framework.ControlPlane
 	t   *testing.T
 	ctx context.Context
+	// secrets are values that must never appear in raysync's output (see Secret).
+	secrets []string
 }
 
 func newEnv(t *testing.T, cp *framework.ControlPlane) *Env {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 	return &Env{ControlPlane: cp, t: t, ctx: ctx}
+}
+
+// With returns the same environment bound to a subtest.
+func (e *Env) With(t *testing.T) *Env {
+	c := *e
+	c.t = t
+	return &c
 }
 
 // Namespace creates a namespace of the test's own, deleted when the test ends.
@@ -143,7 +153,7 @@ func describeSecret(s *corev1.Secret) string {
 }
 
 // rayCluster builds a minimal token-auth RayCluster (one head, one worker) as KubeRay v1.5.1+ accepts it.
-func rayCluster(ns, name string, mutate ...func(map[string]any)) *unstructured.Unstructured {
+func rayCluster(ns, name string, mutate ...any) *unstructured.Unstructured {
 	spec := map[string]any{
 		"rayVersion":  "2.52.0",
 		"authOptions": map[string]any{"mode": "token"},
@@ -161,14 +171,20 @@ func rayCluster(ns, name string, mutate ...func(map[string]any)) *unstructured.U
 			}}},
 		}},
 	}
-	for _, m := range mutate {
-		m(spec)
-	}
-	return &unstructured.Unstructured{Object: map[string]any{
+	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "ray.io/v1", "kind": "RayCluster",
 		"metadata": map[string]any{"name": name, "namespace": ns},
 		"spec":     spec,
 	}}
+	for _, m := range mutate {
+		switch m := m.(type) {
+		case func(map[string]any):
+			m(spec)
+		case func(*unstructured.Unstructured):
+			m(u)
+		}
+	}
+	return u
 }
 
 func withSecretName(name string) func(map[string]any) {
@@ -184,3 +200,120 @@ func authTokenSecretRef(c corev1.Container) (name, key string) {
 	}
 	return name, key
 }
+
+// withLabels labels a RayCluster built by rayCluster.
+func withLabels(l map[string]string) func(*unstructured.Unstructured) {
+	return func(u *unstructured.Unstructured) { u.SetLabels(l) }
+}
+
+// rayService builds a RayService whose clusters use token auth; old clusters go 3 s after a switch.
+func rayService(ns, name, version string) *unstructured.Unstructured {
+	spec := rayCluster(ns, "unused").Object["spec"]
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": name, "namespace": ns, "labels": map[string]any{"version": version}},
+		"spec": map[string]any{
+			"rayClusterDeletionDelaySeconds": int64(3),
+			"rayClusterConfig":               spec,
+		},
+	}}
+}
+
+// WaitServiceClusters waits until the RayService has at least n clusters matching keep (nil keeps all).
+func (e *Env) WaitServiceClusters(ns, svc string, n int, keep func(*unstructured.Unstructured) bool) []*unstructured.Unstructured {
+	e.t.Helper()
+	var out []*unstructured.Unstructured
+	err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/originated-from-cr-name=" + svc})
+		if err != nil {
+			return false, nil
+		}
+		out = out[:0]
+		for i := range l.Items {
+			if keep == nil || keep(&l.Items[i]) {
+				out = append(out, &l.Items[i])
+			}
+		}
+		return len(out) >= n, nil
+	})
+	if err != nil {
+		e.t.Fatalf("RayService %s/%s: want %d clusters, have %d", ns, svc, n, len(out))
+	}
+	return out
+}
+
+func (e *Env) PatchRayService(ns, name, mergePatch string) {
+	e.t.Helper()
+	if _, err := e.Dynamic.Resource(rayServiceGVR).Namespace(ns).Patch(e.ctx, name, types.MergePatchType, []byte(mergePatch), metav1.PatchOptions{}); err != nil {
+		e.t.Fatalf("patch RayService %s: %v", name, err)
+	}
+}
+
+func (e *Env) DeleteRayCluster(ns, name string) {
+	e.t.Helper()
+	if err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
+		e.t.Fatalf("delete RayCluster %s: %v", name, err)
+	}
+}
+
+// secretListRV is a resourceVersion to start a watch from "now".
+func (e *Env) secretListRV(ns string) string {
+	e.t.Helper()
+	l, err := e.Kube.CoreV1().Secrets(ns).List(e.ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l.ResourceVersion
+}
+
+// WaitEventMessage waits for an Event from raysync with reason on object whose message contains substr.
+func (e *Env) WaitEventMessage(ns, object, reason string, timeout time.Duration, substr string) {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		for _, ev := range e.Events(ns, "raysync", reason) {
+			if ev.InvolvedObject.Name == object && strings.Contains(ev.Message, substr) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		e.t.Fatalf("no %s Event on %s/%s mentioning %q within %s", reason, ns, object, substr, timeout)
+	}
+}
+
+// MarkRunning sets a pod's status as a kubelet would once all its containers started at startedAt.
+func (e *Env) MarkRunning(p *corev1.Pod, startedAt time.Time) {
+	e.t.Helper()
+	err := retryOnConflict(e, func() error {
+		cur, err := e.Kube.CoreV1().Pods(p.Namespace).Get(e.ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Phase = corev1.PodRunning
+		cur.Status.ContainerStatuses = nil
+		for _, c := range cur.Spec.Containers {
+			cur.Status.ContainerStatuses = append(cur.Status.ContainerStatuses, corev1.ContainerStatus{
+				Name: c.Name, Image: c.Image, Ready: true, Started: ptr(true),
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(startedAt)}},
+			})
+		}
+		_, err = e.Kube.CoreV1().Pods(p.Namespace).UpdateStatus(e.ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("mark pod %s running: %v", p.Name, err)
+	}
+}
+
+func retryOnConflict(e *Env, f func() error) error {
+	var err error
+	for i := 0; i < 10; i++ {
+		if err = f(); !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -17,15 +18,19 @@ import (
 func TestKubeRayGeneratedAuthSecret(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		ns := env.Namespace()
+		// KubeRay accepts names of at most 53 characters that are DNS-1035 labels (so never a leading
+		// digit); CheckName's digit and punctuation rules apply to what is left after keeping the last 50.
 		for name, clusterName := range map[string]string{
-			"normal":      "facts-normal",
-			"over-50":     "facts-a-very-long-raycluster-name-that-goes-past-fifty-chars",
-			"digit-first": "1facts-digit",
+			"normal":                  "facts-normal",
+			"53 chars, hyphen at cut": "fac-" + strings.Repeat("x", 49),
+			"52 chars, digit at cut":  "fa1" + strings.Repeat("y", 49),
+			"51 chars, letter at cut": "fz" + strings.Repeat("z", 49),
 		} {
 			t.Run(name, func(t *testing.T) {
+				env := env.With(t)
 				rc := env.CreateRayCluster(rayCluster(ns, clusterName))
 				secretName := kuberay.CheckName(clusterName)
-				if name != "normal" && secretName == clusterName {
+				if name != "normal" && len(secretName) != 50 {
 					t.Fatalf("test case does not exercise CheckName: %q", clusterName)
 				}
 				s := env.WaitSecret(ns, secretName, 30*time.Second, nil)
@@ -49,6 +54,27 @@ func TestKubeRayGeneratedAuthSecret(t *testing.T) {
 					}
 				}
 			})
+		}
+	})
+}
+
+func TestKubeRayRejectsNamesRaysyncSkips(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ns := env.Namespace()
+		for _, name := range []string{strings.Repeat("n", 54), "x" + strings.Repeat("1", 62)} {
+			if kuberay.ValidClusterName(name) {
+				t.Fatalf("ValidClusterName(%q) = true", name)
+			}
+			env.CreateRayCluster(rayCluster(ns, name))
+		}
+		env.CreateRayCluster(rayCluster(ns, "marker"))
+		env.WaitPods(ns, "marker", 2, 30*time.Second)
+		l, err := env.Kube.CoreV1().Secrets(ns).List(env.ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Items) != 1 || l.Items[0].Name != "marker" {
+			t.Errorf("KubeRay created auth Secrets for invalid names: %d Secrets", len(l.Items))
 		}
 	})
 }

@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +25,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	flag.Parse()
 	if testing.Short() {
 		fmt.Println("e2e: skipped in -short mode")
 		return 0
@@ -30,6 +33,10 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	if kc := os.Getenv("E2E_KUBECONFIG"); kc != "" {
+		// go test runs in the package directory; a relative path is meant from the repository root.
+		if root, err := framework.RepoRoot(); err == nil && !filepath.IsAbs(kc) {
+			kc = filepath.Join(root, kc)
+		}
 		cp, err := framework.Connect(kc)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: E2E_KUBECONFIG:", err)

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const (
@@ -48,6 +49,15 @@ func CheckName(s string) string {
 		s = "r" + s[1:]
 	}
 	return s
+}
+
+// MaxClusterNameLength is KubeRay's limit on RayCluster names (utils.MaxRayClusterNameLength).
+const MaxClusterNameLength = 53
+
+// ValidClusterName mirrors KubeRay's ValidateRayClusterMetadata: at most 53 characters and a DNS-1035
+// label. KubeRay refuses to reconcile any other RayCluster, so raysync leaves those alone too.
+func ValidClusterName(name string) bool {
+	return len(name) <= MaxClusterNameLength && len(validation.IsDNS1035Label(name)) == 0
 }
 
 // AuthOptions is what raysync reads from spec.authOptions. Fields of the wrong type are reported in Err.

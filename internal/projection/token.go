@@ -57,7 +57,7 @@ func (t TokenTarget) Secret() types.NamespacedName {
 // clusters without token auth, with Kubernetes token auth, or annotated raysync.dev/skip=true.
 // err reports a malformed spec.authOptions.
 func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) (t TokenTarget, ok bool, err error) {
-	if rc.GetAnnotations()[SkipAnnotation] == "true" {
+	if rc.GetAnnotations()[SkipAnnotation] == "true" || !kuberay.ValidClusterName(rc.GetName()) {
 		return t, false, nil
 	}
 	auth := kuberay.ReadAuthOptions(rc)

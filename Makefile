@@ -1,0 +1,34 @@
+# Every target here is listed in the README.
+SHELL := /bin/bash
+KUBERAY_VERSION ?= v1.6.1
+GO ?= go
+
+.PHONY: build test unit e2e dev-cluster dev-cluster-down demo demo-down clean
+
+build: ## build bin/syncer
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/syncer ./cmd/syncer
+
+test: ## everything: vet, unit tests, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 60m ./...
+
+unit: ## unit tests only (seconds)
+	$(GO) test -count=1 -short ./...
+
+e2e: ## e2e tests only; E2E_KUBECONFIG=<path> runs them against an existing cluster instead
+	$(GO) test -count=1 -timeout 60m -v ./e2e/...
+
+dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + KubeRay; kubeconfig in .dev/kubeconfig
+	$(GO) run ./e2e/cmd/devcluster up -kuberay $(KUBERAY_VERSION)
+
+dev-cluster-down: ## stop the dev cluster
+	$(GO) run ./e2e/cmd/devcluster down
+
+demo: ## the main job, end to end, on a fresh local control plane
+	$(GO) run ./e2e/cmd/demo
+
+demo-down: ## stop everything the demo started
+	$(GO) run ./e2e/cmd/demo -down
+
+clean: dev-cluster-down
+	rm -rf bin .dev

@@ -1,0 +1,298 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+var (
+	syncerOnce sync.Once
+	syncerPath string
+	syncerErr  error
+)
+
+// buildSyncer builds cmd/syncer once per test run: e2e tests run raysync as its real binary.
+func buildSyncer() (string, error) {
+	syncerOnce.Do(func() {
+		root, err := framework.RepoRoot()
+		if err != nil {
+			syncerErr = err
+			return
+		}
+		cache, err := framework.CacheDir()
+		if err != nil {
+			syncerErr = err
+			return
+		}
+		syncerPath = filepath.Join(cache, "bin", "syncer-e2e")
+		cmd := exec.Command("go", "build", "-o", syncerPath, "./cmd/syncer")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			syncerErr = fmt.Errorf("build syncer: %v\n%s", err, out)
+		}
+	})
+	return syncerPath, syncerErr
+}
+
+// Syncer is a running raysync binary.
+type Syncer struct {
+	t          *testing.T
+	cmd        *exec.Cmd
+	out        *lockedBuffer
+	MetricsURL string
+	ProbeURL   string
+	done       chan struct{}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Secret registers a value that must never appear in raysync's output and returns it.
+func (e *Env) Secret(v string) string {
+	e.secrets = append(e.secrets, v)
+	return v
+}
+
+// StartSyncer runs raysync against this control plane with args plus loopback servers and the admin
+// kubeconfig, waits until it is ready, and stops it when the test ends.
+func (e *Env) StartSyncer(args ...string) *Syncer {
+	e.t.Helper()
+	path, err := buildSyncer()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ports, err := freePortPair()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s := &Syncer{t: e.t, out: &lockedBuffer{}, done: make(chan struct{}),
+		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0]),
+		ProbeURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
+	full := append([]string{"--kubeconfig=" + e.Kubeconfig,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
+		"--log-level=debug"}, args...)
+	if !hasFlag(args, "--leader-elect") {
+		full = append(full, "--leader-elect=false")
+	}
+	s.cmd = exec.Command(path, full...)
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	e.t.Cleanup(func() {
+		s.Stop()
+		out := s.out.String()
+		for _, v := range e.secrets {
+			for _, form := range []string{v, base64.StdEncoding.EncodeToString([]byte(v))} {
+				if len(form) >= 8 && strings.Contains(out, form) {
+					e.t.Errorf("raysync's output contains a secret value (or its base64 form)")
+				}
+			}
+		}
+		if e.t.Failed() {
+			e.t.Logf("raysync output (last 40 lines):\n%s", lastLines(out, 40))
+		}
+	})
+	err = wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-s.done:
+			return false, fmt.Errorf("raysync exited: %s", lastLines(s.out.String(), 20))
+		default:
+		}
+		resp, err := http.Get(s.ProbeURL + "/readyz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		e.t.Fatalf("raysync not ready: %v", err)
+	}
+	return s
+}
+
+// Stop sends SIGTERM and waits for exit.
+func (s *Syncer) Stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(15 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Output is everything raysync logged so far.
+func (s *Syncer) Output() string { return s.out.String() }
+
+// Metrics scrapes /metrics.
+func (s *Syncer) Metrics() map[string]*dto.MetricFamily {
+	s.t.Helper()
+	resp, err := http.Get(s.MetricsURL)
+	if err != nil {
+		s.t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		s.t.Fatalf("parse metrics: %v", err)
+	}
+	return fams
+}
+
+// Metric returns the value of the series of name whose labels include want (found=false if none).
+func (s *Syncer) Metric(name string, want map[string]string) (float64, bool) {
+	fam, ok := s.Metrics()[name]
+	if !ok {
+		return 0, false
+	}
+next:
+	for _, m := range fam.GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if got[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+// WaitMetric waits until the series equals v.
+func (s *Syncer) WaitMetric(name string, labels map[string]string, v float64, timeout time.Duration) {
+	s.t.Helper()
+	var last float64
+	var found bool
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if last, found = s.Metric(name, labels); found && last == v {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("metric %s%v = %v (found %v), want %v", name, labels, last, found, v)
+}
+
+// Events lists Events in ns from the given component with the given reason (all reasons if "").
+func (e *Env) Events(ns, component, reason string) []corev1.Event {
+	e.t.Helper()
+	l, err := e.Kube.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []corev1.Event
+	for _, ev := range l.Items {
+		if ev.Source.Component == component && (reason == "" || ev.Reason == reason) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// WaitEvent waits for an Event with reason from raysync on the named object.
+func (e *Env) WaitEvent(ns, object, reason string, timeout time.Duration) corev1.Event {
+	e.t.Helper()
+	var found corev1.Event
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		for _, ev := range e.Events(ns, "raysync", reason) {
+			if ev.InvolvedObject.Name == object {
+				found = ev
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		e.t.Fatalf("no %s Event from raysync on %s/%s within %s", reason, ns, object, timeout)
+	}
+	return found
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+func freePortPair() ([]int, error) {
+	a, err := framework.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	for {
+		b, err := framework.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		if b != a {
+			return []int{a, b}, nil
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
