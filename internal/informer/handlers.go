@@ -15,105 +15,103 @@ import (
 // AddEventHandlers turns watch events into keys. Handlers never read the API server and never
 // change objects; they only record when something was first seen and enqueue.
 func (c *Caches) AddEventHandlers(enqueue func(Key)) error {
-	clusterKey := func(obj any) (Key, bool) {
-		m, ok := metaOf(obj)
-		if !ok {
-			return Key{}, false
-		}
-		return Key{Kind: ClusterKey, Namespace: m.GetNamespace(), Name: m.GetName()}, true
-	}
+	h := c.handlers(enqueue)
 	for _, s := range c.scopes {
-		if _, err := s.clusters.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: func(obj any) {
-				if m, ok := metaOf(obj); ok {
-					c.firstSeen.LoadOrStore(m.GetUID(), time.Now())
-				}
-				if k, ok := clusterKey(obj); ok {
-					enqueue(k)
-				}
-			},
-			UpdateFunc: func(old, cur any) {
-				if unchanged(old, cur) {
-					return
-				}
-				if k, ok := clusterKey(cur); ok {
-					enqueue(k)
-				}
-			},
-			DeleteFunc: func(obj any) {
-				m, ok := metaOf(obj)
-				if !ok {
-					return
-				}
-				c.firstSeen.Delete(m.GetUID())
-				enqueue(Key{Kind: ClusterKey, Namespace: m.GetNamespace(), Name: m.GetName()})
-				enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
-			},
-		}); err != nil {
-			return err
-		}
-		// KubeRay's Secret or a Ray pod changed: reconcile the cluster it belongs to.
-		byClusterLabel := func(obj any) {
-			if m, ok := metaOf(obj); ok {
-				if name := m.GetLabels()[kuberay.ClusterLabel]; name != "" {
-					enqueue(Key{Kind: ClusterKey, Namespace: m.GetNamespace(), Name: name})
-				}
-			}
-		}
-		for _, inf := range []cache.SharedIndexInformer{s.clusterSecrets, s.pods} {
-			if _, err := inf.AddEventHandler(onChange(byClusterLabel)); err != nil {
+		for inf, handler := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{
+			s.clusters: h.cluster, s.clusterSecrets: h.byClusterLabel, s.pods: h.byClusterLabel, s.managedSecrets: h.managedSecret,
+		} {
+			if _, err := inf.AddEventHandler(handler); err != nil {
 				return err
 			}
 		}
-		// A managed copy changed: every cluster in its namespace may reference it; prune may apply.
-		byNamespace := func(obj any) {
-			m, ok := metaOf(obj)
-			if !ok {
-				return
-			}
-			for _, rc := range c.RayClusters(m.GetNamespace()) {
-				enqueue(Key{Kind: ClusterKey, Namespace: rc.GetNamespace(), Name: rc.GetName()})
-			}
-			enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
-		}
-		if _, err := s.managedSecrets.AddEventHandler(onChange(byNamespace)); err != nil {
-			return err
-		}
 	}
 	for src, inf := range c.sources {
-		srcKey := Key{Kind: SourceKey, Namespace: src.Namespace, Name: src.Name}
-		everything := func() {
-			enqueue(srcKey)
-			for _, rc := range c.RayClusters("") {
-				enqueue(Key{Kind: ClusterKey, Namespace: rc.GetNamespace(), Name: rc.GetName()})
-			}
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: func(any) { c.sourceChanged(src); everything() },
-			UpdateFunc: func(old, cur any) {
-				o, ok1 := old.(*corev1.Secret)
-				n, ok2 := cur.(*corev1.Secret)
-				if ok1 && ok2 && sameContent(o, n) {
-					// Labels, annotations, resyncs: nothing any target depends on. Still re-validate
-					// cheaply so metrics reflect the object, but fan out to no cluster.
-					if o.ResourceVersion != n.ResourceVersion {
-						enqueue(srcKey)
-					}
-					return
-				}
-				c.sourceChanged(src)
-				everything()
-			},
-			DeleteFunc: func(any) { c.sourceChanged(src); everything() },
-		}); err != nil {
+		if _, err := inf.AddEventHandler(h.source(src)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (c *Caches) sourceChanged(src types.NamespacedName) {
-	c.sourceChangedAt.Store(src, time.Now())
+type handlers struct {
+	cluster        cache.ResourceEventHandler
+	byClusterLabel cache.ResourceEventHandler
+	managedSecret  cache.ResourceEventHandler
+	source         func(types.NamespacedName) cache.ResourceEventHandler
+}
+
+func (c *Caches) handlers(enqueue func(Key)) handlers {
+	clusterKey := func(m metav1.Object) Key {
+		return Key{Kind: ClusterKey, Namespace: m.GetNamespace(), Name: m.GetName()}
+	}
+	return handlers{
+		cluster: cache.ResourceEventHandlerFuncs{
+			AddFunc: func(obj any) {
+				if m, ok := metaOf(obj); ok {
+					c.firstSeen.LoadOrStore(m.GetUID(), time.Now())
+					enqueue(clusterKey(m))
+				}
+			},
+			UpdateFunc: func(old, cur any) {
+				if m, ok := metaOf(cur); ok && !unchanged(old, cur) {
+					enqueue(clusterKey(m))
+				}
+			},
+			DeleteFunc: func(obj any) {
+				if m, ok := metaOf(obj); ok {
+					c.firstSeen.Delete(m.GetUID())
+					enqueue(clusterKey(m))
+					enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
+				}
+			},
+		},
+		// KubeRay's Secret or a Ray pod changed: reconcile the cluster it belongs to.
+		byClusterLabel: onChange(func(obj any) {
+			if m, ok := metaOf(obj); ok {
+				if name := m.GetLabels()[kuberay.ClusterLabel]; name != "" {
+					enqueue(Key{Kind: ClusterKey, Namespace: m.GetNamespace(), Name: name})
+				}
+			}
+		}),
+		// A managed copy changed: any cluster in its namespace may reference it, and prune may apply.
+		managedSecret: onChange(func(obj any) {
+			m, ok := metaOf(obj)
+			if !ok {
+				return
+			}
+			for _, rc := range c.RayClusters(m.GetNamespace()) {
+				enqueue(clusterKey(rc))
+			}
+			enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
+		}),
+		source: func(src types.NamespacedName) cache.ResourceEventHandler {
+			srcKey := Key{Kind: SourceKey, Namespace: src.Namespace, Name: src.Name}
+			everything := func() {
+				c.sourceChangedAt.Store(src, time.Now())
+				enqueue(srcKey)
+				for _, rc := range c.RayClusters("") {
+					enqueue(clusterKey(rc))
+				}
+			}
+			return cache.ResourceEventHandlerFuncs{
+				AddFunc: func(any) { everything() },
+				UpdateFunc: func(old, cur any) {
+					o, ok1 := old.(*corev1.Secret)
+					n, ok2 := cur.(*corev1.Secret)
+					if ok1 && ok2 && sameContent(o, n) {
+						// Labels, annotations, resyncs: no target depends on them. Re-validate the
+						// source (cheap) so its metrics follow the object, but fan out to no cluster.
+						if o.ResourceVersion != n.ResourceVersion {
+							enqueue(srcKey)
+						}
+						return
+					}
+					everything()
+				},
+				DeleteFunc: func(any) { everything() },
+			}
+		},
+	}
 }
 
 // onChange calls f on add, delete and every update that changed the object.

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func TestParseFlags(t *testing.T) {
+	base := []string{"--auth-source=raysync/ray-token", "--all-namespaces", "--leader-elect=false"}
+	env := func(k string) string {
+		if k == "POD_NAMESPACE" {
+			return "raysync-system"
+		}
+		return ""
+	}
+	tests := map[string]struct {
+		args    []string
+		getenv  func(string) string
+		wantErr string
+		check   func(*testing.T, *config)
+	}{
+		"minimal": {args: base, check: func(t *testing.T, c *config) {
+			if c.authSource != (types.NamespacedName{Namespace: "raysync", Name: "ray-token"}) || c.authSourceKey != "auth_token" ||
+				!c.allNamespaces || c.workers != 16 || c.qps != 0 || c.metricsAddr != ":8080" || c.probeAddr != ":8081" || c.logFormat != "json" {
+				t.Errorf("defaults: %+v", c)
+			}
+		}},
+		"namespaces deduplicated": {args: []string{"--auth-source=a/b", "--namespaces=x, y,x", "--leader-elect=false"}, check: func(t *testing.T, c *config) {
+			if strings.Join(c.namespaces, ",") != "x,y" {
+				t.Errorf("namespaces = %v", c.namespaces)
+			}
+		}},
+		"leader election namespace from POD_NAMESPACE": {args: []string{"--auth-source=a/b", "--all-namespaces"}, getenv: env, check: func(t *testing.T, c *config) {
+			if !c.leaderElect || c.leaderElectionNS != "raysync-system" {
+				t.Errorf("leader election: %v %q", c.leaderElect, c.leaderElectionNS)
+			}
+		}},
+		"missing source":             {args: []string{"--all-namespaces", "--leader-elect=false"}, wantErr: "--auth-source is required"},
+		"source without namespace":   {args: []string{"--auth-source=ray-token", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
+		"source with bad name":       {args: []string{"--auth-source=ns/Bad_Name", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
+		"source with extra slash":    {args: []string{"--auth-source=a/b/c", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
+		"bad source key":             {args: append(base, "--auth-source-key=a b"), wantErr: "not a valid Secret key"},
+		"no scope":                   {args: []string{"--auth-source=a/b", "--leader-elect=false"}, wantErr: "one of --namespaces or --all-namespaces is required"},
+		"both scopes":                {args: append(base, "--namespaces=x"), wantErr: "mutually exclusive"},
+		"bad namespace":              {args: []string{"--auth-source=a/b", "--namespaces=ok,Not_OK", "--leader-elect=false"}, wantErr: `"Not_OK" is not a valid namespace`},
+		"empty namespace in list":    {args: []string{"--auth-source=a/b", "--namespaces=a,,b", "--leader-elect=false"}, wantErr: "is not a valid namespace"},
+		"bad selector":               {args: append(base, "--cluster-selector=a in (b"), wantErr: "--cluster-selector"},
+		"leader election without ns": {args: []string{"--auth-source=a/b", "--all-namespaces"}, getenv: func(string) string { return "" }, wantErr: "--leader-election-namespace"},
+		"bad lease timing":           {args: []string{"--auth-source=a/b", "--all-namespaces", "--leader-election-namespace=x", "--leader-election-renew-deadline=20s"}, wantErr: "retry-period < renew-deadline < lease-duration"},
+		"negative qps":               {args: append(base, "--kube-api-qps=-1"), wantErr: "must not be negative"},
+		"zero workers":               {args: append(base, "--workers=0"), wantErr: "--workers"},
+		"bad log format":             {args: append(base, "--log-format=xml"), wantErr: "--log-format"},
+		"bad log level":              {args: append(base, "--log-level=loud"), wantErr: "--log-level"},
+		"unknown flag":               {args: append(base, "--frobnicate"), wantErr: "flag provided but not defined"},
+		"not a number":               {args: append(base, "--workers=many"), wantErr: "invalid value"},
+		"positional argument":        {args: append(base, "extra"), wantErr: `unexpected argument "extra"`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			getenv := tc.getenv
+			if getenv == nil {
+				getenv = func(string) string { return "" }
+			}
+			c, err := parseFlags(tc.args, getenv)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), "\n") {
+					t.Fatalf("err = %v, want one line containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+// FuzzParseFlags: no input panics, and every error is one line.
+func FuzzParseFlags(f *testing.F) {
+	f.Add("--auth-source=a/b", "--namespaces=x,y", "--cluster-selector=a=b")
+	f.Add("--auth-source=/", "--all-namespaces", "--workers=-3")
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		_, err := parseFlags([]string{a, b, c, "--leader-elect=false"}, func(string) string { return "" })
+		if err != nil && strings.Contains(err.Error(), "\n") {
+			t.Fatalf("multi-line error: %q", err)
+		}
+	})
+}

@@ -1,0 +1,337 @@
+// Command demo is `make demo`: raysync's main job end to end on a local control plane with stock
+// KubeRay v1.6.1. It starts (or reuses) the dev cluster in .dev/, creates a canonical token Secret,
+// starts raysync, deploys a token-auth RayService, walks it through a blue-green upgrade and a token
+// rotation, and prints what happened. Tokens are never printed. `make demo-down` stops everything.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+const (
+	ns         = "ray-demo"
+	sourceName = "ray-token"
+	svcName    = "inference"
+)
+
+func main() {
+	down := flag.Bool("down", false, "stop raysync and the dev cluster started by the demo")
+	flag.Parse()
+	root, err := framework.RepoRoot()
+	check(err)
+	dir := filepath.Join(root, ".dev")
+	if *down {
+		stopSyncer(dir)
+		if cp, err := framework.Attach(dir); err == nil {
+			check(cp.Stop())
+			_ = os.Remove(filepath.Join(dir, "pids"))
+		}
+		fmt.Println("demo stopped: raysync and the dev cluster are down")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+
+	step("1. Local control plane: etcd, kube-apiserver, kube-controller-manager, stock KubeRay v1.6.1")
+	cp := devCluster(ctx, dir)
+	kube := cp.Kube
+
+	step("2. The canonical token: one Secret (in production, filled by External Secrets Operator)")
+	_, _ = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	putSource(ctx, cp, newToken())
+	fmt.Printf("   Secret %s/%s, key auth_token (value never printed)\n", ns, sourceName)
+
+	step("3. Start raysync")
+	metricsURL := startSyncer(ctx, root, dir, cp)
+	fmt.Printf("   raysync --auth-source=%s/%s --namespaces=%s   (logs: .dev/syncer.log, metrics: %s)\n", ns, sourceName, ns, metricsURL)
+
+	step("4. Apply a token-auth RayService; KubeRay creates its RayCluster")
+	svc := rayService()
+	if _, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		check(err)
+	}
+	blue := waitNewCluster(ctx, cp, "")
+	waitCanonical(ctx, cp, blue)
+	show(ctx, cp)
+
+	step("5. Blue-green upgrade: change the RayService, KubeRay starts a NEW cluster with a new name")
+	_, err = cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Patch(ctx, svcName, types.MergePatchType,
+		[]byte(`{"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"labels":{"model":"v2"}}}}}}}`), metav1.PatchOptions{})
+	check(err)
+	green := waitNewCluster(ctx, cp, blue)
+	waitCanonical(ctx, cp, green)
+	raceReport(ctx, cp, green)
+	show(ctx, cp)
+
+	step("6. Rotate the canonical token (what ESO does when Vault rotates it)")
+	start := time.Now()
+	putSource(ctx, cp, newToken())
+	for _, c := range []string{blue, green} {
+		waitCanonical(ctx, cp, c)
+	}
+	fmt.Printf("   every cluster's Secret holds the new token %s after the source changed\n", time.Since(start).Round(time.Millisecond))
+	show(ctx, cp)
+	metricsExcerpt(metricsURL)
+
+	fmt.Printf(`
+Keep exploring (raysync and the cluster keep running):
+  export KUBECONFIG=%s
+  kubectl -n %s get rayservices,rayclusters,pods
+  kubectl -n %s get secrets -L ray.io/cluster -o custom-columns=NAME:.metadata.name,SYNCED:.metadata.annotations.raysync\.dev/synced-at
+  kubectl -n %s get events --field-selector source=raysync
+  curl -s %s | grep ^raysync_
+  tail -f .dev/syncer.log
+The old cluster %s is deleted by KubeRay 30 s after the switch; its Secret goes with it.
+Stop everything: make demo-down
+`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, blue)
+}
+
+var rayServiceGVR = kuberay.RayClusterGVR.GroupVersion().WithResource("rayservices")
+
+func rayService() *unstructured.Unstructured {
+	container := func(name string) []any {
+		return []any{map[string]any{"name": name, "image": "rayproject/ray:2.52.0"}}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": svcName, "namespace": ns},
+		"spec": map[string]any{
+			"rayClusterDeletionDelaySeconds": int64(30),
+			"rayClusterConfig": map[string]any{
+				"rayVersion":  "2.52.0",
+				"authOptions": map[string]any{"mode": "token"},
+				"headGroupSpec": map[string]any{"rayStartParams": map[string]any{},
+					"template": map[string]any{"spec": map[string]any{"containers": container("ray-head")}}},
+				"workerGroupSpecs": []any{map[string]any{"groupName": "gpu", "replicas": int64(2), "minReplicas": int64(0), "maxReplicas": int64(4),
+					"rayStartParams": map[string]any{},
+					"template":       map[string]any{"spec": map[string]any{"containers": container("ray-worker")}}}},
+			},
+		},
+	}}
+}
+
+func devCluster(ctx context.Context, dir string) *framework.ControlPlane {
+	if cp, err := framework.Attach(dir); err == nil && len(cp.Running()) == 4 {
+		fmt.Println("   reusing the dev cluster already running in .dev/")
+		c, err := framework.Connect(filepath.Join(dir, "kubeconfig"))
+		check(err)
+		return c
+	}
+	check(os.RemoveAll(dir))
+	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", Dir: dir, Detached: true,
+		Logf: func(f string, a ...any) { fmt.Printf("   "+f+"\n", a...) }})
+	check(err)
+	b, err := os.ReadFile(cp.Kubeconfig)
+	check(err)
+	check(os.WriteFile(filepath.Join(dir, "kubeconfig"), b, 0o600))
+	return cp
+}
+
+func putSource(ctx context.Context, cp *framework.ControlPlane, token string) {
+	data := map[string][]byte{kuberay.AuthTokenKey: []byte(token)}
+	cur, err := cp.Kube.CoreV1().Secrets(ns).Get(ctx, sourceName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = cp.Kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName, Namespace: ns},
+			Type: corev1.SecretTypeOpaque, Data: data}, metav1.CreateOptions{})
+		check(err)
+		return
+	}
+	check(err)
+	cur.Data = data
+	_, err = cp.Kube.CoreV1().Secrets(ns).Update(ctx, cur, metav1.UpdateOptions{})
+	check(err)
+}
+
+func newToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// startSyncer builds bin/syncer and runs it detached, its pid in .dev/syncer.pid.
+func startSyncer(ctx context.Context, root, dir string, cp *framework.ControlPlane) string {
+	stopSyncer(dir)
+	bin := filepath.Join(root, "bin", "syncer")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/syncer")
+	build.Dir, build.Stdout, build.Stderr = root, os.Stdout, os.Stderr
+	check(build.Run())
+	port, err := framework.FreePort()
+	check(err)
+	probe, err := framework.FreePort()
+	check(err)
+	logf, err := os.Create(filepath.Join(dir, "syncer.log"))
+	check(err)
+	defer logf.Close()
+	cmd := exec.Command(bin, "--kubeconfig="+filepath.Join(dir, "kubeconfig"), "--auth-source="+ns+"/"+sourceName,
+		"--namespaces="+ns, "--leader-election-namespace="+ns,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", port), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	check(cmd.Start())
+	check(os.WriteFile(filepath.Join(dir, "syncer.pid"), []byte(strconv.Itoa(cmd.Process.Pid)+" "+bin), 0o644))
+	check(wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", probe))
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	}))
+	// Ready means caches synced; wait for the leader Lease so the walkthrough starts with a leader.
+	check(wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Kube.CoordinationV1().Leases(ns).Get(ctx, "raysync", metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil, nil
+	}))
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+}
+
+func stopSyncer(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "syncer.pid"))
+	if err != nil {
+		return
+	}
+	pidStr, bin, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	pid, _ := strconv.Atoi(pidStr)
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && strings.TrimSuffix(exe, " (deleted)") == bin {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		for i := 0; i < 100; i++ {
+			if _, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = os.Remove(filepath.Join(dir, "syncer.pid"))
+}
+
+// waitNewCluster waits for a RayService cluster other than exclude and returns its name.
+func waitNewCluster(ctx context.Context, cp *framework.ControlPlane, exclude string) string {
+	var name string
+	check(wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.OriginatedFromNameLabel + "=" + svcName})
+		if err != nil {
+			return false, nil
+		}
+		for _, rc := range l.Items {
+			if rc.GetName() != exclude {
+				name = rc.GetName()
+				return true, nil
+			}
+		}
+		return false, nil
+	}))
+	fmt.Printf("   RayCluster %s created by RayService %s\n", name, svcName)
+	return name
+}
+
+func waitCanonical(ctx context.Context, cp *framework.ControlPlane, cluster string) {
+	check(wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		return matchesSource(ctx, cp, kuberay.CheckName(cluster)), nil
+	}))
+}
+
+func matchesSource(ctx context.Context, cp *framework.ControlPlane, secret string) bool {
+	src, err1 := cp.Kube.CoreV1().Secrets(ns).Get(ctx, sourceName, metav1.GetOptions{})
+	s, err2 := cp.Kube.CoreV1().Secrets(ns).Get(ctx, secret, metav1.GetOptions{})
+	return err1 == nil && err2 == nil && string(s.Data[kuberay.AuthTokenKey]) == string(src.Data[kuberay.AuthTokenKey])
+}
+
+// raceReport tells who created the new cluster's Secret and whether it held the canonical token
+// before KubeRay created the head pod.
+func raceReport(ctx context.Context, cp *framework.ControlPlane, cluster string) {
+	s, err := cp.Kube.CoreV1().Secrets(ns).Get(ctx, kuberay.CheckName(cluster), metav1.GetOptions{})
+	check(err)
+	creator := "KubeRay (raysync then replaced its random token)"
+	if len(s.ManagedFields) > 0 && s.ManagedFields[0].Manager == "raysync" {
+		creator = "raysync, before KubeRay: KubeRay adopted it as-is"
+	}
+	syncedAt, _ := time.Parse(time.RFC3339Nano, s.Annotations["raysync.dev/synced-at"])
+	var head *corev1.Pod
+	check(wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster + "," + kuberay.NodeTypeLabel + "=head"})
+		if err == nil && len(pods.Items) > 0 {
+			head = &pods.Items[0]
+		}
+		return head != nil, nil
+	}))
+	fmt.Printf("   Secret %s created by %s\n", s.Name, creator)
+	// The API server stamps creationTimestamp in whole seconds; the synced-at annotation has nanoseconds.
+	fmt.Printf("   canonical token written at %s; head pod %s created at %s (second resolution)\n",
+		syncedAt.Format("15:04:05.000"), head.Name, head.CreationTimestamp.Format("15:04:05"))
+}
+
+func show(ctx context.Context, cp *framework.ControlPlane) {
+	l, err := cp.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+	check(err)
+	sort.Slice(l.Items, func(i, j int) bool {
+		return l.Items[i].GetCreationTimestamp().Time.Before(l.Items[j].GetCreationTimestamp().Time)
+	})
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "   RAYCLUSTER\tRAYSERVICE\tAUTH SECRET\tHOLDS CANONICAL TOKEN\tSYNCED AT")
+	for _, rc := range l.Items {
+		name := kuberay.CheckName(rc.GetName())
+		s, err := cp.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		synced := "-"
+		if err == nil {
+			synced = s.Annotations["raysync.dev/synced-at"]
+		}
+		yes := "no"
+		if matchesSource(ctx, cp, name) {
+			yes = "yes"
+		}
+		fmt.Fprintf(w, "   %s\t%s\t%s\t%s\t%s\n", rc.GetName(), rc.GetLabels()[kuberay.OriginatedFromNameLabel], name, yes, synced)
+	}
+	_ = w.Flush()
+}
+
+func metricsExcerpt(url string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Println("   raysync metrics:")
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum"} {
+			if strings.HasPrefix(line, p) {
+				fmt.Println("     " + line)
+			}
+		}
+	}
+}
+
+func step(s string) { fmt.Printf("\n== %s\n", s) }
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}

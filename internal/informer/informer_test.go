@@ -1,0 +1,147 @@
+package informer
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+type recorder struct {
+	mu   sync.Mutex
+	keys []Key
+}
+
+func (r *recorder) add(k Key) { r.mu.Lock(); r.keys = append(r.keys, k); r.mu.Unlock() }
+func (r *recorder) take() []Key {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := r.keys
+	r.keys = nil
+	return k
+}
+
+func rc(ns, name string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayCluster",
+		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name}}}
+}
+
+// TestEventsBecomeKeys calls each handler as an informer would and checks the keys it enqueues.
+func TestEventsBecomeKeys(t *testing.T) {
+	src := types.NamespacedName{Namespace: "sys", Name: "token"}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{kuberay.RayClusterGVR: "RayClusterList"}, rc("ray", "c1"), rc("ray", "c2"), rc("other", "c3"))
+	c := New(fake.NewClientset(), dyn, Config{Sources: []types.NamespacedName{src}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.Start(ctx.Done())
+	if !c.WaitForSync(ctx.Done()) {
+		t.Fatal("no sync")
+	}
+	r := &recorder{}
+	h := c.handlers(r.add)
+	c1, c2 := Key{Kind: ClusterKey, Namespace: "ray", Name: "c1"}, Key{Kind: ClusterKey, Namespace: "ray", Name: "c2"}
+	c3 := Key{Kind: ClusterKey, Namespace: "other", Name: "c3"}
+	srcKey := Key{Kind: SourceKey, Namespace: "sys", Name: "token"}
+	secret := func(rv, value string, labels map[string]string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "ray", ResourceVersion: rv, Labels: labels},
+			Data: map[string][]byte{"auth_token": []byte(value)}}
+	}
+	cluster := func(rv string) *unstructured.Unstructured {
+		u := rc("ray", "c1")
+		u.SetResourceVersion(rv)
+		return u
+	}
+	owned := map[string]string{kuberay.ClusterLabel: "c1"}
+
+	tests := []struct {
+		name string
+		do   func()
+		want []Key
+	}{
+		{"cluster added", func() { h.cluster.OnAdd(cluster("1"), false) }, []Key{c1}},
+		{"cluster resync ignored", func() { h.cluster.OnUpdate(cluster("1"), cluster("1")) }, nil},
+		{"cluster changed", func() { h.cluster.OnUpdate(cluster("1"), cluster("2")) }, []Key{c1}},
+		{"cluster deleted (tombstone): cluster and namespace", func() {
+			h.cluster.OnDelete(cache.DeletedFinalStateUnknown{Key: "ray/c1", Obj: cluster("2")})
+		}, []Key{c1, {Kind: NamespaceKey, Namespace: "ray"}}},
+		{"KubeRay Secret maps to its cluster", func() { h.byClusterLabel.OnAdd(secret("1", "x", owned), false) }, []Key{c1}},
+		{"KubeRay Secret resync ignored", func() { h.byClusterLabel.OnUpdate(secret("1", "x", owned), secret("1", "x", owned)) }, nil},
+		{"unlabelled object ignored", func() { h.byClusterLabel.OnAdd(secret("1", "x", nil), false) }, nil},
+		{"managed copy: every cluster in its namespace, then prune", func() { h.managedSecret.OnDelete(secret("1", "x", nil)) },
+			[]Key{c1, c2, {Kind: NamespaceKey, Namespace: "ray"}}},
+		{"source annotation-only change: source only", func() {
+			a, b := secret("1", "x", nil), secret("2", "x", nil)
+			b.Annotations = map[string]string{"touched": "yes"}
+			h.source(src).OnUpdate(a, b)
+		}, []Key{srcKey}},
+		{"source resync: nothing", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("1", "x", nil)) }, nil},
+		{"source rotation: source and every cluster", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("2", "y", nil)) },
+			[]Key{srcKey, c1, c2, c3}},
+		{"source deleted: source and every cluster", func() { h.source(src).OnDelete(secret("2", "y", nil)) }, []Key{srcKey, c1, c2, c3}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r.take()
+			tc.do()
+			got := r.take()
+			sort.Slice(got, func(i, j int) bool { return got[i].String() < got[j].String() })
+			want := append([]Key(nil), tc.want...)
+			sort.Slice(want, func(i, j int) bool { return want[i].String() < want[j].String() })
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("keys = %v, want %v", got, want)
+			}
+		})
+	}
+	if !c.FirstSeen("uid-c1").IsZero() {
+		t.Error("first-seen time kept after delete")
+	}
+	if c.SourceChangedAt(src).IsZero() {
+		t.Error("source change time not recorded")
+	}
+}
+
+func TestHandlerHelpers(t *testing.T) {
+	a := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "1"}, Data: map[string][]byte{"k": []byte("v")}}
+	b := a.DeepCopy()
+	if !unchanged(a, b) {
+		t.Error("same resourceVersion must be a resync")
+	}
+	b.ResourceVersion = "2"
+	if unchanged(a, b) || !sameContent(a, b) {
+		t.Error("new resourceVersion with same data")
+	}
+	b.Data["k"] = []byte("w")
+	if sameContent(a, b) {
+		t.Error("different data")
+	}
+	b.Data = map[string][]byte{"k": []byte("v"), "l": nil}
+	if sameContent(a, b) {
+		t.Error("extra key")
+	}
+	if m, ok := metaOf(cache.DeletedFinalStateUnknown{Key: "x/a", Obj: a}); !ok || m.GetName() != "a" {
+		t.Error("tombstone not unwrapped")
+	}
+	if _, ok := metaOf("garbage"); ok {
+		t.Error("non-object accepted")
+	}
+	withMF := a.DeepCopy()
+	withMF.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "x"}}
+	out, _ := stripManagedFields(withMF)
+	if len(out.(*corev1.Secret).ManagedFields) != 0 {
+		t.Error("managedFields kept")
+	}
+}

@@ -1,0 +1,70 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestScrapeTimeState(t *testing.T) {
+	snap := Snapshot{
+		Sources: []SourceState{{Source: "sys/token", Valid: true}},
+		Targets: []TargetState{
+			{Namespace: "ray", RayCluster: "a", State: StateInSync, StalePods: 2},
+			{Namespace: "ray", RayCluster: "b", State: StateNotOwned},
+		},
+	}
+	m := New(func() Snapshot { return snap })
+	want := `
+# HELP raysync_targets In-scope RayClusters by target state.
+# TYPE raysync_targets gauge
+raysync_targets{state="in_sync"} 1
+raysync_targets{state="not_owned"} 1
+raysync_targets{state="out_of_sync"} 0
+raysync_targets{state="source_invalid"} 0
+# HELP raysync_target_in_sync 1 if the RayCluster's token target holds the canonical token, else 0.
+# TYPE raysync_target_in_sync gauge
+raysync_target_in_sync{namespace="ray",raycluster="a"} 1
+raysync_target_in_sync{namespace="ray",raycluster="b"} 0
+# HELP raysync_stale_pods Ray pods whose containers started before their target received the token it now holds.
+# TYPE raysync_stale_pods gauge
+raysync_stale_pods{namespace="ray",raycluster="a"} 2
+raysync_stale_pods{namespace="ray",raycluster="b"} 0
+# HELP raysync_source_valid 1 if the canonical source Secret exists and holds a valid value, else 0 (targets are then left untouched).
+# TYPE raysync_source_valid gauge
+raysync_source_valid{source="sys/token"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want),
+		"raysync_targets", "raysync_target_in_sync", "raysync_stale_pods", "raysync_source_valid"); err != nil {
+		t.Fatal(err)
+	}
+	// A cluster that disappears from the caches leaves no series.
+	snap.Targets = snap.Targets[:1]
+	if n := testutil.CollectAndCount(m.Registry, "raysync_target_in_sync"); n != 1 {
+		t.Fatalf("series after delete = %d", n)
+	}
+}
+
+func TestEveryMetricIsRegistered(t *testing.T) {
+	m := New(func() Snapshot { return Snapshot{Sources: []SourceState{{Source: "a/b"}}, Targets: []TargetState{{Namespace: "n", RayCluster: "c", State: StateOutOfSync}}} })
+	m.Rotations.WithLabelValues("a/b")
+	m.LastRotation.WithLabelValues("a/b")
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range fams {
+		have[f.GetName()] = true
+	}
+	for _, name := range []string{"raysync_source_valid", "raysync_source_rotations_total", "raysync_source_last_rotation_timestamp_seconds",
+		"raysync_target_in_sync", "raysync_targets", "raysync_stale_pods", "raysync_sync_total", "raysync_propagation_seconds",
+		"go_goroutines", "process_resident_memory_bytes"} {
+		if !have[name] {
+			t.Errorf("%s not exported", name)
+		}
+	}
+	// A second registry (tests, benchmarks) must not panic on the process-global client-go hooks.
+	New(func() Snapshot { return Snapshot{} })
+}
