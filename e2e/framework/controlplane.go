@@ -49,6 +49,8 @@ type ControlPlane struct {
 	Dynamic    dynamic.Interface
 	// External is true when the harness connected to a cluster it did not start (E2E_KUBECONFIG).
 	External bool
+	// tempDir: Dir was created by Start and is removed by Stop (unless $E2E_KEEP_DIR is set).
+	tempDir bool
 
 	procs []*process
 }
@@ -67,8 +69,8 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := o.Dir
-	if dir == "" {
+	dir, tempDir := o.Dir, o.Dir == ""
+	if tempDir {
 		if dir, err = os.MkdirTemp("", "raysync-e2e-"); err != nil {
 			return nil, err
 		}
@@ -82,10 +84,11 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	cp = &ControlPlane{Dir: dir, KubeRayVersion: o.KubeRayVersion}
 	defer func() {
 		if err != nil {
-			_ = cp.Stop()
+			_ = stopAll(cp.procs) // keep the directory: its logs say what went wrong
 			err = fmt.Errorf("%w (logs in %s)", err, dir)
 		}
 	}()
+	cp.tempDir = tempDir
 	pk, err := newPKI(dir)
 	if err != nil {
 		return cp, fmt.Errorf("pki: %w", err)
@@ -216,6 +219,9 @@ func (c *ControlPlane) Stop() error {
 	}
 	err := stopAll(c.procs)
 	c.procs = nil
+	if err == nil && c.tempDir && os.Getenv("E2E_KEEP_DIR") == "" {
+		err = os.RemoveAll(c.Dir)
+	}
 	return err
 }
 

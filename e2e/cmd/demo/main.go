@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -80,12 +81,13 @@ func main() {
 	show(ctx, cp)
 
 	step("5. Blue-green upgrade: change the RayService, KubeRay starts a NEW cluster with a new name")
+	headSeen := watchHeadPods(ctx, cp)
 	_, err = cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Patch(ctx, svcName, types.MergePatchType,
 		[]byte(`{"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"labels":{"model":"v2"}}}}}}}`), metav1.PatchOptions{})
 	check(err)
 	green := waitNewCluster(ctx, cp, blue)
 	waitCanonical(ctx, cp, green)
-	raceReport(ctx, cp, green)
+	raceReport(ctx, cp, green, headSeen)
 	show(ctx, cp)
 
 	step("6. Rotate the canonical token (what ESO does when Vault rotates it)")
@@ -102,7 +104,7 @@ func main() {
 Keep exploring (raysync and the cluster keep running):
   export KUBECONFIG=%s
   kubectl -n %s get rayservices,rayclusters,pods
-  kubectl -n %s get secrets -L ray.io/cluster -o custom-columns=NAME:.metadata.name,SYNCED:.metadata.annotations.raysync\.dev/synced-at
+  kubectl -n %s get secrets -o custom-columns=NAME:.metadata.name,SYNCED:.metadata.annotations.raysync\.dev/synced-at
   kubectl -n %s get events --field-selector source=raysync
   curl -s %s | grep ^raysync_
   tail -f .dev/syncer.log
@@ -264,7 +266,7 @@ func matchesSource(ctx context.Context, cp *framework.ControlPlane, secret strin
 
 // raceReport tells who created the new cluster's Secret and whether it held the canonical token
 // before KubeRay created the head pod.
-func raceReport(ctx context.Context, cp *framework.ControlPlane, cluster string) {
+func raceReport(ctx context.Context, cp *framework.ControlPlane, cluster string, headSeen func(string) time.Time) {
 	s, err := cp.Kube.CoreV1().Secrets(ns).Get(ctx, kuberay.CheckName(cluster), metav1.GetOptions{})
 	check(err)
 	creator := "KubeRay (raysync then replaced its random token)"
@@ -272,18 +274,41 @@ func raceReport(ctx context.Context, cp *framework.ControlPlane, cluster string)
 		creator = "raysync, before KubeRay: KubeRay adopted it as-is"
 	}
 	syncedAt, _ := time.Parse(time.RFC3339Nano, s.Annotations["raysync.dev/synced-at"])
-	var head *corev1.Pod
-	check(wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster + "," + kuberay.NodeTypeLabel + "=head"})
-		if err == nil && len(pods.Items) > 0 {
-			head = &pods.Items[0]
-		}
-		return head != nil, nil
+	var head time.Time
+	check(wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		head = headSeen(cluster)
+		return !head.IsZero(), nil
 	}))
 	fmt.Printf("   Secret %s created by %s\n", s.Name, creator)
-	// The API server stamps creationTimestamp in whole seconds; the synced-at annotation has nanoseconds.
-	fmt.Printf("   canonical token written at %s; head pod %s created at %s (second resolution)\n",
-		syncedAt.Format("15:04:05.000"), head.Name, head.CreationTimestamp.Format("15:04:05"))
+	if d := head.Sub(syncedAt); d >= 0 {
+		fmt.Printf("   canonical token in place %s BEFORE KubeRay's head pod appeared\n", d.Round(time.Millisecond))
+	} else {
+		fmt.Printf("   canonical token in place %s after KubeRay's head pod appeared (its containers had not started)\n", (-d).Round(time.Millisecond))
+	}
+}
+
+// watchHeadPods records when each cluster's head pod was first seen.
+func watchHeadPods(ctx context.Context, cp *framework.ControlPlane) func(string) time.Time {
+	w, err := cp.Kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: kuberay.NodeTypeLabel + "=head"})
+	check(err)
+	var mu sync.Mutex
+	seen := map[string]time.Time{}
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				mu.Lock()
+				if _, ok := seen[p.Labels[kuberay.ClusterLabel]]; !ok {
+					seen[p.Labels[kuberay.ClusterLabel]] = time.Now()
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	return func(cluster string) time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[cluster]
+	}
 }
 
 func show(ctx context.Context, cp *framework.ControlPlane) {
