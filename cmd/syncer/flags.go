@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/raysync/raysync/internal/projection"
 )
 
 // config is the validated command line.
@@ -36,10 +39,28 @@ type config struct {
 	logFormat        string
 	logLevel         zapcore.Level
 	dryRun           bool
+
+	pullSecrets    []types.NamespacedName
+	autoscalerTLS  *types.NamespacedName
+	apiServer      *projection.APIServer
+	tlsMountPath   string
+	recyclePending bool
+	prune          bool
+	allowRecreate  bool
 }
 
+// listFlag collects a repeatable flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
 // rawFlags are flag values validated into config.
-type rawFlags struct{ authSource, namespaces, logLevel string }
+type rawFlags struct {
+	authSource, namespaces, logLevel string
+	pullSecrets                      listFlag
+	autoscalerTLS, apiServer         string
+}
 
 func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs := flag.NewFlagSet("syncer", flag.ContinueOnError)
@@ -64,6 +85,13 @@ func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "compute and log every intended write; write nothing")
+	fs.Var(&r.pullSecrets, "pull-secret", "registry Secret NAMESPACE/NAME every Ray pod lists in imagePullSecrets (repeatable)")
+	fs.StringVar(&r.autoscalerTLS, "autoscaler-tls-secret", "", "client certificate Secret NAMESPACE/NAME (tls.crt, tls.key, optional ca.crt) for Ray's autoscaler")
+	fs.StringVar(&r.apiServer, "autoscaler-api-server", "", "https://HOST[:PORT] the autoscaler uses to reach the Kubernetes API (optional)")
+	fs.StringVar(&c.tlsMountPath, "autoscaler-tls-mount-path", projection.DefaultTLSMountPath, "where the autoscaler container mounts the client certificate")
+	fs.BoolVar(&c.recyclePending, "recycle-pending-pods", true, "delete Ray pods that never started and lack raysync's entries, so KubeRay recreates them")
+	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
+	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
 	return fs
 }
 
@@ -82,6 +110,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	authSource, namespaces, logLevel := r.authSource, r.namespaces, r.logLevel
+	r.apiServer = strings.TrimSpace(r.apiServer)
 
 	var err error
 	if c.authSource, err = parseNamespacedName("--auth-source", authSource); err != nil {
@@ -133,6 +162,41 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	}
 	if err := c.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level: unknown level %q", logLevel)
+	}
+	names := map[string]string{} // copies are named after their source: names must not collide
+	for _, v := range r.pullSecrets {
+		nn, err := parseNamespacedName("--pull-secret", v)
+		if err != nil {
+			return nil, err
+		}
+		if prev, dup := names[nn.Name]; dup {
+			return nil, fmt.Errorf("--pull-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
+		}
+		names[nn.Name] = nn.String()
+		c.pullSecrets = append(c.pullSecrets, nn)
+	}
+	if r.autoscalerTLS != "" {
+		nn, err := parseNamespacedName("--autoscaler-tls-secret", r.autoscalerTLS)
+		if err != nil {
+			return nil, err
+		}
+		if prev, dup := names[nn.Name]; dup {
+			return nil, fmt.Errorf("--autoscaler-tls-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
+		}
+		c.autoscalerTLS = &nn
+	}
+	if r.apiServer != "" {
+		if c.autoscalerTLS == nil {
+			return nil, errors.New("--autoscaler-api-server needs --autoscaler-tls-secret")
+		}
+		api, err := projection.ParseAPIServer(r.apiServer)
+		if err != nil {
+			return nil, fmt.Errorf("--autoscaler-api-server: %v", err)
+		}
+		c.apiServer = &api
+	}
+	if !path.IsAbs(c.tlsMountPath) || path.Clean(c.tlsMountPath) != c.tlsMountPath || c.tlsMountPath == "/" || strings.Contains(c.tlsMountPath, ":") {
+		return nil, fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
 	}
 	return c, nil
 }

@@ -121,18 +121,26 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		return err
 	}
 
+	sources := append([]types.NamespacedName{cfg.authSource}, cfg.pullSecrets...)
+	if cfg.autoscalerTLS != nil {
+		sources = append(sources, *cfg.autoscalerTLS)
+	}
 	caches := informer.New(kube, dyn, informer.Config{
 		Namespaces:      cfg.namespaces,
 		ClusterSelector: cfg.clusterSelector,
-		Sources:         []types.NamespacedName{cfg.authSource},
+		Sources:         sources,
 	})
 	recorder, stopEvents := eventRecorder(kube, cfg.dryRun, log)
 	defer stopEvents()
 
 	var ctrl *projection.Controller
 	m := metrics.New(func() metrics.Snapshot { return ctrl.Snapshot() })
-	ctrl, err = projection.New(kube, caches, recorder, m, log, projection.Options{
-		Source: cfg.authSource, SourceKey: cfg.authSourceKey, DryRun: cfg.dryRun,
+	ctrl, err = projection.New(kube, dyn, caches, recorder, m, log, projection.Options{
+		Source: cfg.authSource, SourceKey: cfg.authSourceKey, DryRun: cfg.dryRun, Prune: cfg.prune,
+		Pods: projection.PodOptions{
+			PullSecrets: cfg.pullSecrets, AutoscalerTLS: cfg.autoscalerTLS, APIServer: cfg.apiServer,
+			MountPath: cfg.tlsMountPath, RecyclePending: cfg.recyclePending, AllowRecreate: cfg.allowRecreate,
+		},
 	})
 	if err != nil {
 		return err

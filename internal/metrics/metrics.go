@@ -4,6 +4,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -28,23 +30,44 @@ const (
 	ResultError     = "error"
 )
 
-// TargetState is one RayCluster's projection state at scrape time.
+// Target kinds, as in raysync_targets{kind}.
+const (
+	KindAuthToken     = "auth_token"
+	KindPullSecret    = "pull_secret"
+	KindAutoscalerTLS = "autoscaler_tls"
+)
+
+// TargetState is one RayCluster's state for one kind of target at scrape time.
 type TargetState struct {
 	Namespace, RayCluster string
+	Kind                  string
 	State                 string
-	StalePods             int
 }
 
-// SourceState is one canonical source's validity at scrape time.
-type SourceState struct {
-	Source string // NAMESPACE/NAME
-	Valid  bool
+// StalePods counts one cluster's pods that run with an outdated token or lack a pod-level entry.
+type StalePods struct {
+	Namespace, RayCluster string
+	Reason                string // token, pull_secret, autoscaler_tls
+	Count                 int
 }
+
+// SourceState is one source's validity at scrape time; NotAfter is set for a valid client certificate.
+type SourceState struct {
+	Source   string // NAMESPACE/NAME
+	Valid    bool
+	NotAfter time.Time
+}
+
+// ClusterRef names a RayCluster.
+type ClusterRef struct{ Namespace, RayCluster string }
 
 // Snapshot is what the scrape-time collector reports.
 type Snapshot struct {
-	Sources []SourceState
-	Targets []TargetState
+	Sources   []SourceState
+	Targets   []TargetState
+	StalePods []StalePods
+	// Deferred are clusters whose template patch waits (upgradeStrategy Recreate with running pods).
+	Deferred []ClusterRef
 }
 
 // Metrics holds raysync's registry and the instruments the controller updates.
@@ -54,6 +77,9 @@ type Metrics struct {
 	LastRotation *prometheus.GaugeVec
 	Syncs        *prometheus.CounterVec
 	Propagation  prometheus.Histogram
+	// TemplateReapplied counts template patches that put back entries raysync had already applied.
+	TemplateReapplied prometheus.Counter
+	PodsRecycled      *prometheus.CounterVec
 }
 
 // New registers every raysync metric, the Go and process collectors, and a collector that calls
@@ -78,11 +104,22 @@ func New(snapshot func() Snapshot) *Metrics {
 			Help:    "Time from raysync seeing a source change or a new RayCluster to the successful target write.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 17), // 1 ms … 65 s
 		}),
+		TemplateReapplied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "raysync_template_reapplied_total",
+			Help: "RayCluster template patches that restored raysync's entries after someone (usually KubeRay) removed them.",
+		}),
+		PodsRecycled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "raysync_pods_recycled_total",
+			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{"pull_secret", "autoscaler_tls"} {
+		m.PodsRecycled.WithLabelValues(r)
 	}
 	for _, r := range []string{ResultCreated, ResultUpdated, ResultUnchanged, ResultRefused, ResultError} {
 		m.Syncs.WithLabelValues(r)
 	}
-	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation,
+	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled,
 		&stateCollector{snapshot: snapshot},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -96,12 +133,17 @@ var (
 		"1 if the canonical source Secret exists and holds a valid value, else 0 (targets are then left untouched).",
 		[]string{"source"}, nil)
 	targetInSyncDesc = prometheus.NewDesc("raysync_target_in_sync",
-		"1 if the RayCluster's token target holds the canonical token, else 0.",
-		[]string{"namespace", "raycluster"}, nil)
+		"1 if the RayCluster's target of this kind is as raysync wants it (token projected, pull secret or autoscaler TLS in place), else 0.",
+		[]string{"namespace", "raycluster", "kind"}, nil)
 	targetsDesc = prometheus.NewDesc("raysync_targets",
-		"In-scope RayClusters by target state.", []string{"state"}, nil)
+		"In-scope RayClusters by target kind and state.", []string{"kind", "state"}, nil)
 	stalePodsDesc = prometheus.NewDesc("raysync_stale_pods",
-		"Ray pods whose containers started before their target received the token it now holds.",
+		"Running Ray pods with an outdated token (started before their Secret got it) or lacking a pull secret or the autoscaler TLS.",
+		[]string{"namespace", "raycluster", "reason"}, nil)
+	certExpiryDesc = prometheus.NewDesc("raysync_autoscaler_client_cert_expiry_timestamp_seconds",
+		"Unix time at which the autoscaler client certificate in the source expires.", []string{"source"}, nil)
+	deferredDesc = prometheus.NewDesc("raysync_template_deferred",
+		"1 while a template patch waits because upgradeStrategy Recreate would restart running pods.",
 		[]string{"namespace", "raycluster"}, nil)
 )
 
@@ -112,21 +154,35 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- targetInSyncDesc
 	ch <- targetsDesc
 	ch <- stalePodsDesc
+	ch <- certExpiryDesc
+	ch <- deferredDesc
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.snapshot()
 	for _, src := range s.Sources {
 		ch <- prometheus.MustNewConstMetric(sourceValidDesc, prometheus.GaugeValue, boolFloat(src.Valid), src.Source)
+		if !src.NotAfter.IsZero() {
+			ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, float64(src.NotAfter.Unix()), src.Source)
+		}
 	}
-	counts := map[string]int{}
+	counts := map[[2]string]int{}
+	kinds := map[string]bool{KindAuthToken: true}
 	for _, t := range s.Targets {
-		counts[t.State]++
-		ch <- prometheus.MustNewConstMetric(targetInSyncDesc, prometheus.GaugeValue, boolFloat(t.State == StateInSync), t.Namespace, t.RayCluster)
-		ch <- prometheus.MustNewConstMetric(stalePodsDesc, prometheus.GaugeValue, float64(t.StalePods), t.Namespace, t.RayCluster)
+		counts[[2]string{t.Kind, t.State}]++
+		kinds[t.Kind] = true
+		ch <- prometheus.MustNewConstMetric(targetInSyncDesc, prometheus.GaugeValue, boolFloat(t.State == StateInSync), t.Namespace, t.RayCluster, t.Kind)
 	}
-	for _, st := range States {
-		ch <- prometheus.MustNewConstMetric(targetsDesc, prometheus.GaugeValue, float64(counts[st]), st)
+	for kind := range kinds {
+		for _, st := range States {
+			ch <- prometheus.MustNewConstMetric(targetsDesc, prometheus.GaugeValue, float64(counts[[2]string{kind, st}]), kind, st)
+		}
+	}
+	for _, p := range s.StalePods {
+		ch <- prometheus.MustNewConstMetric(stalePodsDesc, prometheus.GaugeValue, float64(p.Count), p.Namespace, p.RayCluster, p.Reason)
+	}
+	for _, d := range s.Deferred {
+		ch <- prometheus.MustNewConstMetric(deferredDesc, prometheus.GaugeValue, 1, d.Namespace, d.RayCluster)
 	}
 }
 

@@ -3,6 +3,7 @@ package metrics
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -11,26 +12,26 @@ func TestScrapeTimeState(t *testing.T) {
 	snap := Snapshot{
 		Sources: []SourceState{{Source: "sys/token", Valid: true}},
 		Targets: []TargetState{
-			{Namespace: "ray", RayCluster: "a", State: StateInSync, StalePods: 2},
-			{Namespace: "ray", RayCluster: "b", State: StateNotOwned},
+			{Namespace: "ray", RayCluster: "a", Kind: KindAuthToken, State: StateInSync},
+			{Namespace: "ray", RayCluster: "b", Kind: KindAuthToken, State: StateNotOwned},
 		},
+		StalePods: []StalePods{{Namespace: "ray", RayCluster: "a", Reason: "token", Count: 2}},
 	}
 	m := New(func() Snapshot { return snap })
 	want := `
-# HELP raysync_targets In-scope RayClusters by target state.
+# HELP raysync_targets In-scope RayClusters by target kind and state.
 # TYPE raysync_targets gauge
-raysync_targets{state="in_sync"} 1
-raysync_targets{state="not_owned"} 1
-raysync_targets{state="out_of_sync"} 0
-raysync_targets{state="source_invalid"} 0
-# HELP raysync_target_in_sync 1 if the RayCluster's token target holds the canonical token, else 0.
+raysync_targets{kind="auth_token",state="in_sync"} 1
+raysync_targets{kind="auth_token",state="not_owned"} 1
+raysync_targets{kind="auth_token",state="out_of_sync"} 0
+raysync_targets{kind="auth_token",state="source_invalid"} 0
+# HELP raysync_target_in_sync 1 if the RayCluster's target of this kind is as raysync wants it (token projected, pull secret or autoscaler TLS in place), else 0.
 # TYPE raysync_target_in_sync gauge
-raysync_target_in_sync{namespace="ray",raycluster="a"} 1
-raysync_target_in_sync{namespace="ray",raycluster="b"} 0
-# HELP raysync_stale_pods Ray pods whose containers started before their target received the token it now holds.
+raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="a"} 1
+raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="b"} 0
+# HELP raysync_stale_pods Running Ray pods with an outdated token (started before their Secret got it) or lacking a pull secret or the autoscaler TLS.
 # TYPE raysync_stale_pods gauge
-raysync_stale_pods{namespace="ray",raycluster="a"} 2
-raysync_stale_pods{namespace="ray",raycluster="b"} 0
+raysync_stale_pods{namespace="ray",raycluster="a",reason="token"} 2
 # HELP raysync_source_valid 1 if the canonical source Secret exists and holds a valid value, else 0 (targets are then left untouched).
 # TYPE raysync_source_valid gauge
 raysync_source_valid{source="sys/token"} 1
@@ -47,7 +48,13 @@ raysync_source_valid{source="sys/token"} 1
 }
 
 func TestEveryMetricIsRegistered(t *testing.T) {
-	m := New(func() Snapshot { return Snapshot{Sources: []SourceState{{Source: "a/b"}}, Targets: []TargetState{{Namespace: "n", RayCluster: "c", State: StateOutOfSync}}} })
+	m := New(func() Snapshot {
+		return Snapshot{Sources: []SourceState{{Source: "a/b", Valid: true, NotAfter: time.Unix(1e9, 0)}},
+			Targets:   []TargetState{{Namespace: "n", RayCluster: "c", Kind: KindPullSecret, State: StateOutOfSync}},
+			StalePods: []StalePods{{Namespace: "n", RayCluster: "c", Reason: "pull_secret"}},
+			Deferred:  []ClusterRef{{Namespace: "n", RayCluster: "c"}}}
+	})
+	m.PodsRecycled.WithLabelValues("pull_secret")
 	m.Rotations.WithLabelValues("a/b")
 	m.LastRotation.WithLabelValues("a/b")
 	fams, err := m.Registry.Gather()
@@ -60,7 +67,8 @@ func TestEveryMetricIsRegistered(t *testing.T) {
 	}
 	for _, name := range []string{"raysync_source_valid", "raysync_source_rotations_total", "raysync_source_last_rotation_timestamp_seconds",
 		"raysync_target_in_sync", "raysync_targets", "raysync_stale_pods", "raysync_sync_total", "raysync_propagation_seconds",
-		"go_goroutines", "process_resident_memory_bytes"} {
+		"raysync_autoscaler_client_cert_expiry_timestamp_seconds", "raysync_template_deferred", "raysync_template_reapplied_total",
+		"raysync_pods_recycled_total", "go_goroutines", "process_resident_memory_bytes"} {
 		if !have[name] {
 			t.Errorf("%s not exported", name)
 		}

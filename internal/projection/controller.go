@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
@@ -45,12 +48,18 @@ type Options struct {
 	SourceKey string
 	// DryRun computes and logs every write, and writes nothing.
 	DryRun bool
+	// Prune deletes managed copies no RayCluster in their namespace references any more.
+	Prune bool
+	// Pods configures pull secrets and the autoscaler's client TLS (off when empty).
+	Pods PodOptions
 }
 
 // Controller keeps every in-scope RayCluster's auth Secret equal to the canonical token.
 type Controller struct {
 	opts     Options
 	caches   *informer.Caches
+	kube     kubernetes.Interface
+	dyn      dynamic.Interface
 	writer   secretWriter
 	recorder record.EventRecorder
 	metrics  *metrics.Metrics
@@ -62,20 +71,36 @@ type Controller struct {
 	staleReported sync.Map // types.UID -> [32]byte: StaleToken already reported for this token
 	specReported  sync.Map // types.UID -> int64 generation: InvalidSpec / SourceKeyMismatch reported
 
-	srcMu     sync.Mutex
-	srcSeen   bool
-	srcDigest [32]byte // in memory only: detects rotations
-	srcReason string   // why the source is invalid ("" when valid)
+	refusedCopies       sync.Map // "ns/name" of a pull/TLS copy name taken by a foreign Secret
+	deferred            sync.Map // cluster key -> types.UID: template patch deferred (Recreate)
+	templatesApplied    sync.Map // types.UID: raysync's template entries were in place once
+	staleConfigReported sync.Map // "cluster key/reason" -> pods already reported
+
+	srcMu    sync.Mutex
+	srcState map[types.NamespacedName]*sourceState
+}
+
+// sourceState is what raysync remembers about a source between events (in memory only).
+type sourceState struct {
+	seen   bool
+	digest [32]byte // detects rotations; never logged
+	reason string   // why the source is invalid ("" when valid)
 }
 
 // New wires a controller to its caches. Call Run to start workers.
-func New(kube kubernetes.Interface, caches *informer.Caches, recorder record.EventRecorder, m *metrics.Metrics, log *zap.Logger, opts Options) (*Controller, error) {
+func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Caches, recorder record.EventRecorder, m *metrics.Metrics, log *zap.Logger, opts Options) (*Controller, error) {
 	if opts.SourceKey == "" {
 		opts.SourceKey = kuberay.AuthTokenKey
+	}
+	if opts.Pods.MountPath == "" {
+		opts.Pods.MountPath = DefaultTLSMountPath
 	}
 	c := &Controller{
 		opts:     opts,
 		caches:   caches,
+		kube:     kube,
+		dyn:      dyn,
+		srcState: map[types.NamespacedName]*sourceState{},
 		writer:   secretWriter{kube: kube, dryRun: opts.DryRun, log: log},
 		recorder: recorder,
 		metrics:  m,
@@ -133,7 +158,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	case informer.NamespaceKey:
 		err = c.pruneNamespace(ctx, key.Namespace)
 	case informer.SourceKey:
-		c.syncSource()
+		c.syncSource(types.NamespacedName{Namespace: key.Namespace, Name: key.Name})
 	}
 	if err == nil {
 		c.queue.Forget(key)
@@ -149,34 +174,72 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	return true
 }
 
-// syncSource validates the canonical source and accounts for rotations. Targets are reconciled by
-// their own keys (the source's event handler enqueues every cluster).
-func (c *Controller) syncSource() {
-	src, _ := c.caches.Source(c.opts.Source)
-	token, err := ValidateToken(src, c.opts.SourceKey)
-	log := c.log.With(zap.String("source", c.opts.Source.String()))
+// syncSource validates one source and accounts for rotations of its content. Targets are reconciled
+// by their own keys (the source's event handler enqueues every cluster).
+func (c *Controller) syncSource(name types.NamespacedName) {
+	src, _ := c.caches.Source(name)
+	var err error
+	var content []byte
+	what := "key " + strconv.Quote(c.opts.SourceKey)
+	switch {
+	case name == c.opts.Source:
+		content, err = ValidateToken(src, c.opts.SourceKey)
+	case c.opts.Pods.AutoscalerTLS != nil && name == *c.opts.Pods.AutoscalerTLS:
+		what = "the client certificate"
+		if _, err = ValidateAutoscalerTLS(src, c.now()); err == nil {
+			content = secretContent(src)
+		}
+	default:
+		what = "the registry credentials"
+		if err = ValidatePullSecret(src); err == nil {
+			content = secretContent(src)
+		}
+	}
+	log := c.log.With(zap.String("source", name.String()))
 	c.srcMu.Lock()
 	defer c.srcMu.Unlock()
+	st := c.srcState[name]
+	if st == nil {
+		st = &sourceState{}
+		c.srcState[name] = st
+	}
 	if err != nil {
-		if reason := err.Error(); reason != c.srcReason {
-			c.srcReason = reason
-			log.Error("canonical source is invalid: leaving every target untouched", zap.String("reason", reason))
-			c.recorder.Eventf(sourceRef(src, c.opts.Source), corev1.EventTypeWarning, ReasonSourceInvalid,
-				"raysync cannot use key %q of this Secret: %s; every target keeps its current token", c.opts.SourceKey, reason)
+		if reason := err.Error(); reason != st.reason {
+			st.reason = reason
+			log.Error("source is invalid: leaving every target untouched", zap.String("reason", reason))
+			c.recorder.Eventf(sourceRef(src, name), corev1.EventTypeWarning, ReasonSourceInvalid,
+				"raysync cannot use %s of this Secret: %s; every target keeps what it has", what, reason)
 		}
 		return
 	}
-	if c.srcReason != "" {
-		log.Info("canonical source is valid again")
-		c.srcReason = ""
+	if st.reason != "" {
+		log.Info("source is valid again")
+		st.reason = ""
 	}
-	digest := sha256.Sum256(token)
-	if c.srcSeen && digest != c.srcDigest {
-		c.metrics.Rotations.WithLabelValues(c.opts.Source.String()).Inc()
-		c.metrics.LastRotation.WithLabelValues(c.opts.Source.String()).Set(float64(c.now().UnixNano()) / 1e9)
-		log.Info("canonical token rotated: propagating to every target")
+	digest := sha256.Sum256(content)
+	if st.seen && digest != st.digest {
+		c.metrics.Rotations.WithLabelValues(name.String()).Inc()
+		c.metrics.LastRotation.WithLabelValues(name.String()).Set(float64(c.now().UnixNano()) / 1e9)
+		log.Info("source content changed: propagating to every target")
 	}
-	c.srcSeen, c.srcDigest = true, digest
+	st.seen, st.digest = true, digest
+}
+
+// secretContent serialises a Secret's type and data deterministically (for change detection only).
+func secretContent(s *corev1.Secret) []byte {
+	keys := make([]string, 0, len(s.Data))
+	for k := range s.Data {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	b := []byte(s.Type)
+	for _, k := range keys {
+		b = append(b, 0)
+		b = append(b, k...)
+		b = append(b, 0)
+		b = append(b, s.Data[k]...)
+	}
+	return b
 }
 
 // sourceRef is the object a SourceInvalid Event is attached to; a missing Secret gets a reference by name.
@@ -198,21 +261,39 @@ func (c *Controller) clusterLog(rc *unstructured.Unstructured) *zap.Logger {
 	return c.log.With(fields...)
 }
 
-// syncCluster makes one RayCluster's token target hold the canonical token.
+// syncCluster reconciles one RayCluster: its token target, then its pod templates and pods.
 func (c *Controller) syncCluster(ctx context.Context, key informer.Key) error {
 	rc, ok := c.caches.RayCluster(key.Namespace, key.Name)
 	if !ok {
-		c.refused.Delete(key.String())
+		c.forget(key)
+		return nil
+	}
+	if rc.GetAnnotations()[SkipAnnotation] == "true" || !kuberay.ValidClusterName(rc.GetName()) || rc.GetDeletionTimestamp() != nil {
+		c.forget(key)
 		return nil
 	}
 	log := c.clusterLog(rc)
+	return errors.Join(c.syncToken(ctx, key, rc, log), c.syncPodConfig(ctx, key, rc, log))
+}
+
+// forget drops what raysync remembers about a cluster that is gone or out of scope.
+func (c *Controller) forget(key informer.Key) {
+	c.refused.Delete(key.String())
+	c.deferred.Delete(key.String())
+	for _, r := range []string{ReasonPullSecret, ReasonAutoscalerTLS} {
+		c.staleConfigReported.Delete(key.String() + "/" + r)
+	}
+}
+
+// syncToken makes one RayCluster's token target hold the canonical token.
+func (c *Controller) syncToken(ctx context.Context, key informer.Key, rc *unstructured.Unstructured, log *zap.Logger) error {
 	t, ok, err := TokenTargetFor(rc, c.opts.Source)
 	if err != nil {
 		c.reportOnce(rc, corev1.EventTypeWarning, ReasonInvalidSpec, "raysync cannot read spec.authOptions: %v; leaving this cluster alone", err)
 		log.Warn("cannot read spec.authOptions", zap.Error(err))
 		return nil
 	}
-	if !ok || rc.GetDeletionTimestamp() != nil {
+	if !ok {
 		c.refused.Delete(key.String())
 		return nil
 	}
@@ -355,57 +436,225 @@ func (c *Controller) reportOnce(rc *unstructured.Unstructured, typ, reason, form
 	c.recorder.Eventf(rc, typ, reason, format, args...)
 }
 
-// pruneNamespace deletes raysync's managed token copies that no RayCluster in ns references any more
-// (a cluster being deleted still counts, as does one raysync otherwise skips).
+// pruneNamespace deletes raysync's managed copies that no RayCluster in ns references any more
+// (a cluster being deleted still counts, as does one raysync otherwise skips). Copies of sources
+// raysync is not configured with (another instance's) are left alone.
 func (c *Controller) pruneNamespace(ctx context.Context, ns string) error {
-	referenced := map[string]bool{}
+	if !c.opts.Prune {
+		return nil
+	}
+	referenced := map[string]bool{} // kind + "/" + name
 	for _, rc := range c.caches.RayClusters(ns) {
-		if a := kuberay.ReadAuthOptions(rc); a.SecretName != "" {
-			referenced[a.SecretName] = true
-		} else if a.Err != nil {
+		a := kuberay.ReadAuthOptions(rc)
+		if a.Err != nil {
 			return nil // cannot tell what it references: keep everything
+		}
+		if a.SecretName != "" {
+			referenced[KindAuthToken+"/"+a.SecretName] = true
+		}
+		for _, n := range templateSecretRefs(rc, "imagePullSecrets") {
+			referenced[KindPullSecret+"/"+n] = true
+		}
+		for _, n := range templateSecretRefs(rc, "volumes") {
+			referenced[KindAutoscalerTLS+"/"+n] = true
+		}
+		// Clusters raysync manages will reference the copies (their templates may not be patched yet).
+		if c.podConfigInScope(rc) {
+			for _, src := range c.opts.Pods.PullSecrets {
+				referenced[KindPullSecret+"/"+src.Name] = true
+			}
+			if src := c.opts.Pods.AutoscalerTLS; src != nil && Autoscaling(rc) {
+				referenced[KindAutoscalerTLS+"/"+src.Name] = true
+			}
 		}
 	}
 	for _, s := range c.caches.ManagedSecrets(ns) {
-		if !isManagedCopy(s, c.opts.Source) || referenced[s.Name] {
+		kind := s.Annotations[KindAnnotation]
+		if !c.ownCopy(s) || referenced[kind+"/"+s.Name] {
 			continue
 		}
 		err := c.writer.delete(ctx, s)
-		if err != nil && !apierrors.IsNotFound(err) {
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("prune %s/%s: %w", ns, s.Name, err)
 		}
-		c.log.Info("pruned managed token copy no RayCluster references", zap.String("namespace", ns), zap.String("secret", s.Name))
+		c.log.Info("pruned managed copy no RayCluster references", zap.String("namespace", ns), zap.String("secret", s.Name), zap.String("kind", kind))
 	}
 	return nil
 }
 
+// ownCopy reports whether s is a managed copy of one of this raysync's configured sources.
+func (c *Controller) ownCopy(s *corev1.Secret) bool {
+	switch s.Annotations[KindAnnotation] {
+	case KindAuthToken:
+		return isManagedCopyOf(s, c.opts.Source, KindAuthToken)
+	case KindPullSecret:
+		for _, src := range c.opts.Pods.PullSecrets {
+			if isManagedCopyOf(s, src, KindPullSecret) {
+				return true
+			}
+		}
+	case KindAutoscalerTLS:
+		return c.opts.Pods.AutoscalerTLS != nil && isManagedCopyOf(s, *c.opts.Pods.AutoscalerTLS, KindAutoscalerTLS)
+	}
+	return false
+}
+
+func (c *Controller) podConfigInScope(rc *unstructured.Unstructured) bool {
+	return c.opts.Pods.enabled() && rc.GetAnnotations()[SkipAnnotation] != "true" && kuberay.ValidClusterName(rc.GetName())
+}
+
+// templateSecretRefs lists Secret names a cluster's templates reference in imagePullSecrets or
+// (head) volumes, tolerating malformed fields.
+func templateSecretRefs(rc *unstructured.Unstructured, field string) []string {
+	var specs []any
+	if ps, ok, _ := unstructured.NestedFieldNoCopy(rc.Object, "spec", "headGroupSpec", "template", "spec"); ok {
+		specs = append(specs, ps)
+	}
+	if field == "imagePullSecrets" {
+		if ws, ok, _ := unstructured.NestedFieldNoCopy(rc.Object, "spec", "workerGroupSpecs"); ok {
+			list, _ := ws.([]any)
+			for _, w := range list {
+				if wm, ok := w.(map[string]any); ok {
+					if ps, ok, _ := unstructured.NestedFieldNoCopy(wm, "template", "spec"); ok {
+						specs = append(specs, ps)
+					}
+				}
+			}
+		}
+	}
+	var names []string
+	for _, ps := range specs {
+		m, _ := ps.(map[string]any)
+		list, _ := m[field].([]any)
+		for _, e := range list {
+			em, _ := e.(map[string]any)
+			if field == "volumes" {
+				em, _ = em["secret"].(map[string]any)
+				if n, ok := em["secretName"].(string); ok {
+					names = append(names, n)
+				}
+				continue
+			}
+			if n, ok := em["name"].(string); ok {
+				names = append(names, n)
+			}
+		}
+	}
+	return names
+}
+
 // Snapshot computes every in-scope cluster's state from the caches (for the scrape-time collector).
 func (c *Controller) Snapshot() metrics.Snapshot {
+	var snap metrics.Snapshot
 	src, _ := c.caches.Source(c.opts.Source)
 	token, srcErr := ValidateToken(src, c.opts.SourceKey)
-	snap := metrics.Snapshot{Sources: []metrics.SourceState{{Source: c.opts.Source.String(), Valid: srcErr == nil}}}
+	snap.Sources = append(snap.Sources, metrics.SourceState{Source: c.opts.Source.String(), Valid: srcErr == nil})
+	pullValid := map[string]bool{}
+	for _, p := range c.opts.Pods.PullSecrets {
+		s, _ := c.caches.Source(p)
+		pullValid[p.Name] = ValidatePullSecret(s) == nil
+		snap.Sources = append(snap.Sources, metrics.SourceState{Source: p.String(), Valid: pullValid[p.Name]})
+	}
+	var tlsInfo AutoscalerTLS
+	var tlsErr error
+	if p := c.opts.Pods.AutoscalerTLS; p != nil {
+		s, _ := c.caches.Source(*p)
+		tlsInfo, tlsErr = ValidateAutoscalerTLS(s, c.now())
+		snap.Sources = append(snap.Sources, metrics.SourceState{Source: p.String(), Valid: tlsErr == nil, NotAfter: tlsInfo.NotAfter})
+	}
 	for _, rc := range c.caches.RayClusters("") {
-		t, ok, err := TokenTargetFor(rc, c.opts.Source)
-		if err != nil || !ok {
+		if !kuberay.ValidClusterName(rc.GetName()) || rc.GetAnnotations()[SkipAnnotation] == "true" || rc.GetDeletionTimestamp() != nil {
 			continue
 		}
-		var target *corev1.Secret
-		switch {
-		case t.IsSource:
-			target = src
-		case t.Mode == Generated:
-			target, _ = c.caches.ClusterSecret(t.Namespace, t.Name)
-		default:
-			target, _ = c.caches.ManagedSecret(t.Namespace, t.Name)
+		ns, name := rc.GetNamespace(), rc.GetName()
+		if t, ok, err := TokenTargetFor(rc, c.opts.Source); err == nil && ok {
+			var target *corev1.Secret
+			switch {
+			case t.IsSource:
+				target = src
+			case t.Mode == Generated:
+				target, _ = c.caches.ClusterSecret(t.Namespace, t.Name)
+			default:
+				target, _ = c.caches.ManagedSecret(t.Namespace, t.Name)
+			}
+			refusedUID, refused := c.refused.Load(ns + "/" + name)
+			refused = refused && refusedUID.(types.UID) == rc.GetUID()
+			st := tokenState(t, rc, target, token, srcErr, c.opts.Source, refused)
+			snap.Targets = append(snap.Targets, metrics.TargetState{Namespace: ns, RayCluster: name, Kind: metrics.KindAuthToken, State: st})
+			stale := 0
+			if st == metrics.StateInSync && !t.IsSource {
+				stale = len(stalePods(c.caches.Pods(ns, name), syncedAt(target)))
+			}
+			snap.StalePods = append(snap.StalePods, metrics.StalePods{Namespace: ns, RayCluster: name, Reason: ReasonToken, Count: stale})
 		}
-		refusedUID, refused := c.refused.Load(rc.GetNamespace() + "/" + rc.GetName())
-		refused = refused && refusedUID.(types.UID) == rc.GetUID()
-		st := metrics.TargetState{Namespace: rc.GetNamespace(), RayCluster: rc.GetName(),
-			State: tokenState(t, rc, target, token, srcErr, c.opts.Source, refused)}
-		if st.State == metrics.StateInSync && !t.IsSource {
-			st.StalePods = len(stalePods(c.caches.Pods(rc.GetNamespace(), rc.GetName()), syncedAt(target)))
+		if !c.opts.Pods.enabled() {
+			continue
 		}
-		snap.Targets = append(snap.Targets, st)
+		var full TemplateConfig
+		var pullStates []string
+		for _, p := range c.opts.Pods.PullSecrets {
+			full.PullSecrets = append(full.PullSecrets, p.Name)
+			pullStates = append(pullStates, c.copyState(rc, p, KindPullSecret, pullValid[p.Name], TemplateConfig{PullSecrets: []string{p.Name}}))
+		}
+		if len(pullStates) > 0 {
+			snap.Targets = append(snap.Targets, metrics.TargetState{Namespace: ns, RayCluster: name, Kind: metrics.KindPullSecret, State: worst(pullStates)})
+		}
+		if p := c.opts.Pods.AutoscalerTLS; p != nil && Autoscaling(rc) {
+			full.TLS = &TLSTemplate{SecretName: p.Name, MountPath: c.opts.Pods.MountPath, HasCA: tlsInfo.HasCA, APIServer: c.opts.Pods.APIServer}
+			st := c.copyState(rc, *p, KindAutoscalerTLS, tlsErr == nil, TemplateConfig{TLS: full.TLS})
+			snap.Targets = append(snap.Targets, metrics.TargetState{Namespace: ns, RayCluster: name, Kind: metrics.KindAutoscalerTLS, State: st})
+		}
+		counts := map[string]int{}
+		for _, pod := range c.caches.Pods(ns, name) {
+			if podStarted(pod) && pod.DeletionTimestamp == nil {
+				for _, m := range podMissing(pod, full, Autoscaling(rc)) {
+					counts[m]++
+				}
+			}
+		}
+		for _, r := range []string{ReasonPullSecret, ReasonAutoscalerTLS} {
+			if r == ReasonPullSecret && len(full.PullSecrets) == 0 || r == ReasonAutoscalerTLS && full.TLS == nil {
+				continue
+			}
+			snap.StalePods = append(snap.StalePods, metrics.StalePods{Namespace: ns, RayCluster: name, Reason: r, Count: counts[r]})
+		}
+		if uid, ok := c.deferred.Load(ns + "/" + name); ok && uid.(types.UID) == rc.GetUID() {
+			snap.Deferred = append(snap.Deferred, metrics.ClusterRef{Namespace: ns, RayCluster: name})
+		}
 	}
 	return snap
+}
+
+// copyState is one pod-level source's state for one cluster: its copy and the templates.
+func (c *Controller) copyState(rc *unstructured.Unstructured, src types.NamespacedName, kind string, valid bool, cfg TemplateConfig) string {
+	if !valid {
+		return metrics.StateSourceInvalid
+	}
+	ns := rc.GetNamespace()
+	if ns != src.Namespace {
+		if _, refused := c.refusedCopies.Load(ns + "/" + src.Name); refused {
+			return metrics.StateNotOwned
+		}
+		cp, ok := c.caches.ManagedSecret(ns, src.Name)
+		source, _ := c.caches.Source(src)
+		if !ok || source == nil || !isManagedCopyOf(cp, src, kind) || !sameData(cp.Data, copyData(source, kind)) {
+			return metrics.StateOutOfSync
+		}
+	}
+	if _, changed, err := desiredTemplates(rc, cfg); err != nil || changed {
+		return metrics.StateOutOfSync
+	}
+	return metrics.StateInSync
+}
+
+// worst orders states by how much attention they need.
+func worst(states []string) string {
+	rank := map[string]int{metrics.StateInSync: 0, metrics.StateOutOfSync: 1, metrics.StateNotOwned: 2, metrics.StateSourceInvalid: 3}
+	w := metrics.StateInSync
+	for _, s := range states {
+		if rank[s] > rank[w] {
+			w = s
+		}
+	}
+	return w
 }

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -122,7 +123,7 @@ func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured
 	rec := record.NewFakeRecorder(100)
 	h := &harness{kube: kube, recorder: rec}
 	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })
-	ctrl, err := New(kube, caches, rec, h.metrics, zap.NewNop(), Options{Source: source, DryRun: dryRun})
+	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), Options{Source: source, DryRun: dryRun, Prune: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,8 +414,8 @@ func TestPruneNamespace(t *testing.T) {
 func TestSyncSourceCountsRotations(t *testing.T) {
 	h := newHarness(t, false, nil, sourceSecret(token))
 	rotations := func() float64 { return testutil.ToFloat64(h.metrics.Rotations.WithLabelValues(source.String())) }
-	h.ctrl.syncSource()
-	h.ctrl.syncSource()
+	h.ctrl.syncSource(source)
+	h.ctrl.syncSource(source)
 	if rotations() != 0 {
 		t.Fatalf("first observation counted as rotation")
 	}
@@ -423,11 +424,11 @@ func TestSyncSourceCountsRotations(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(source); return string(s.Data["auth_token"]) == " bad" })
-	h.ctrl.syncSource()
+	h.ctrl.syncSource(source)
 	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonSourceInvalid) || strings.Contains(ev[0], " bad") {
 		t.Fatalf("want one SourceInvalid event without the value, got %v", ev)
 	}
-	h.ctrl.syncSource()
+	h.ctrl.syncSource(source)
 	if ev := h.events(); len(ev) != 0 {
 		t.Fatalf("SourceInvalid repeated for the same reason: %v", ev)
 	}
@@ -435,7 +436,7 @@ func TestSyncSourceCountsRotations(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(source); return string(s.Data["auth_token"]) == "new-token" })
-	h.ctrl.syncSource()
+	h.ctrl.syncSource(source)
 	if rotations() != 1 {
 		t.Fatalf("rotations = %v, want 1", rotations())
 	}
@@ -467,23 +468,23 @@ func TestSnapshotStates(t *testing.T) {
 		pod("in-worker", "in", started(syncedAt.Add(time.Minute))),
 		pod("in-pending", "in"),
 	)
-	got := map[string]metrics.TargetState{}
-	for _, s := range h.ctrl.Snapshot().Targets {
-		got[s.RayCluster] = s
+	snap := h.ctrl.Snapshot()
+	got := map[string]string{}
+	for _, s := range snap.Targets {
+		got[s.RayCluster] = s.Kind + "/" + s.State
 	}
-	want := map[string]metrics.TargetState{
-		"in":      {Namespace: ns, RayCluster: "in", State: metrics.StateInSync, StalePods: 1},
-		"out":     {Namespace: ns, RayCluster: "out", State: metrics.StateOutOfSync},
-		"foreign": {Namespace: ns, RayCluster: "foreign", State: metrics.StateNotOwned},
-		"absent":  {Namespace: ns, RayCluster: "absent", State: metrics.StateOutOfSync},
+	want := map[string]string{
+		"in": "auth_token/in_sync", "out": "auth_token/out_of_sync", "foreign": "auth_token/not_owned", "absent": "auth_token/out_of_sync",
 	}
-	if len(got) != len(want) {
-		t.Fatalf("snapshot = %+v", got)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("targets = %v, want %v", got, want)
 	}
-	for k, w := range want {
-		if got[k] != w {
-			t.Errorf("%s: got %+v, want %+v", k, got[k], w)
-		}
+	stale := map[string]int{}
+	for _, s := range snap.StalePods {
+		stale[s.RayCluster+"/"+s.Reason] = s.Count
+	}
+	if stale["in/token"] != 1 || stale["out/token"] != 0 || len(stale) != 4 {
+		t.Errorf("stale pods = %v, want in/token=1 and zeros for the other token targets", stale)
 	}
 }
 

@@ -84,13 +84,7 @@ func ownsTokenTarget(t TokenTarget, rc *unstructured.Unstructured, secret *corev
 		owner := metav1.GetControllerOf(secret)
 		return owner != nil && owner.UID == rc.GetUID()
 	}
-	return isManagedCopy(secret, source)
-}
-
-func isManagedCopy(secret *corev1.Secret, source types.NamespacedName) bool {
-	return secret.Labels[informer.ManagedByLabel] == informer.ManagedByValue &&
-		secret.Annotations[SourceAnnotation] == source.String() &&
-		secret.Annotations[KindAnnotation] == KindAuthToken
+	return isManagedCopyOf(secret, source, KindAuthToken)
 }
 
 // desiredGeneratedSecret is the Secret KubeRay would create for rc, holding the canonical token, so

@@ -1,0 +1,156 @@
+package projection
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// ValidatePullSecret accepts a kubernetes.io/dockerconfigjson Secret whose .dockerconfigjson has an
+// "auths" object, or a kubernetes.io/dockercfg Secret whose .dockercfg is a JSON object.
+func ValidatePullSecret(s *corev1.Secret) error {
+	if s == nil {
+		return invalid("Secret does not exist")
+	}
+	switch s.Type {
+	case corev1.SecretTypeDockerConfigJson:
+		raw, ok := s.Data[corev1.DockerConfigJsonKey]
+		if !ok {
+			return invalid("key %q missing", corev1.DockerConfigJsonKey)
+		}
+		var cfg struct {
+			Auths map[string]json.RawMessage `json:"auths"`
+		}
+		if err := json.Unmarshal(raw, &cfg); err != nil {
+			return invalid("key %q is not valid JSON", corev1.DockerConfigJsonKey)
+		}
+		if cfg.Auths == nil {
+			return invalid("key %q has no \"auths\" object", corev1.DockerConfigJsonKey)
+		}
+	case corev1.SecretTypeDockercfg:
+		raw, ok := s.Data[corev1.DockerConfigKey]
+		if !ok {
+			return invalid("key %q missing", corev1.DockerConfigKey)
+		}
+		var cfg map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &cfg); err != nil || cfg == nil {
+			return invalid("key %q is not a JSON object", corev1.DockerConfigKey)
+		}
+	default:
+		return invalid("Secret type is %q, want %q or %q", s.Type, corev1.SecretTypeDockerConfigJson, corev1.SecretTypeDockercfg)
+	}
+	return nil
+}
+
+// TLS keys of an autoscaler client-certificate Secret (cert-manager's layout).
+const (
+	TLSCertKey = corev1.TLSCertKey       // tls.crt
+	TLSKeyKey  = corev1.TLSPrivateKeyKey // tls.key
+	TLSCAKey   = "ca.crt"
+)
+
+// AutoscalerTLS is what raysync learned from a valid client-certificate source.
+type AutoscalerTLS struct {
+	NotAfter time.Time
+	HasCA    bool
+}
+
+// ValidateAutoscalerTLS checks that tls.crt and tls.key form a matching pair whose leaf certificate is
+// valid now, and that ca.crt (optional) holds at least one certificate.
+func ValidateAutoscalerTLS(s *corev1.Secret, now time.Time) (AutoscalerTLS, error) {
+	var out AutoscalerTLS
+	if s == nil {
+		return out, invalid("Secret does not exist")
+	}
+	crt, hasCrt := s.Data[TLSCertKey]
+	key, hasKey := s.Data[TLSKeyKey]
+	switch {
+	case !hasCrt && !hasKey:
+		return out, invalid("keys %q and %q missing", TLSCertKey, TLSKeyKey)
+	case !hasCrt:
+		return out, invalid("key %q missing (a key without its certificate)", TLSCertKey)
+	case !hasKey:
+		return out, invalid("key %q missing (a certificate without its key)", TLSKeyKey)
+	}
+	pair, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		return out, invalid("%q and %q are not a matching PEM certificate and key", TLSCertKey, TLSKeyKey)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return out, invalid("%q does not parse as an X.509 certificate", TLSCertKey)
+	}
+	switch {
+	case now.Before(leaf.NotBefore):
+		return out, invalid("certificate is not valid before %s", leaf.NotBefore.UTC().Format(time.RFC3339))
+	case now.After(leaf.NotAfter):
+		return out, invalid("certificate expired at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	out.NotAfter = leaf.NotAfter
+	if ca, ok := s.Data[TLSCAKey]; ok {
+		if !parsesAsCertificates(ca) {
+			return out, invalid("%q holds no parsable PEM certificate", TLSCAKey)
+		}
+		out.HasCA = true
+	}
+	return out, nil
+}
+
+func parsesAsCertificates(b []byte) bool {
+	n := 0
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			return false
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			return false
+		}
+		n++
+	}
+	return n > 0 && len(strings.TrimSpace(string(b))) == 0
+}
+
+// APIServer is where the autoscaler should reach the Kubernetes API (through an authenticating proxy).
+type APIServer struct {
+	Host string // without scheme, as Kubernetes itself sets KUBERNETES_SERVICE_HOST
+	Port int
+}
+
+// ParseAPIServer parses https://HOST[:PORT]. http:// is refused, as Ray refuses it.
+func ParseAPIServer(v string) (APIServer, error) {
+	u, err := url.Parse(v)
+	if err != nil || u.Host == "" {
+		return APIServer{}, fmt.Errorf("%q is not https://HOST[:PORT]", v)
+	}
+	if u.Scheme != "https" {
+		return APIServer{}, fmt.Errorf("%q: scheme must be https (Ray refuses plain http)", v)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return APIServer{}, fmt.Errorf("%q must be https://HOST[:PORT] without path, query or credentials", v)
+	}
+	host, portStr := u.Hostname(), u.Port()
+	port := 443
+	if portStr != "" {
+		if port, err = strconv.Atoi(portStr); err != nil || port < 1 || port > 65535 {
+			return APIServer{}, fmt.Errorf("%q: invalid port", v)
+		}
+	}
+	if host == "" || (net.ParseIP(host) == nil && strings.ContainsAny(host, "/ \t")) {
+		return APIServer{}, fmt.Errorf("%q: invalid host", v)
+	}
+	return APIServer{Host: host, Port: port}, nil
+}
