@@ -19,6 +19,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/raysync/raysync/internal/informer"
@@ -105,11 +106,27 @@ func withSecretAnnotation(k, v string) func(*corev1.Secret) {
 type harness struct {
 	ctrl     *Controller
 	kube     *fake.Clientset
+	dyn      *dynamicfake.FakeDynamicClient
 	recorder *record.FakeRecorder
 	metrics  *metrics.Metrics
 }
 
 func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
+	t.Helper()
+	return newHarnessWith(t, Options{Source: source, DryRun: dryRun, Prune: true}, clusters, objs...)
+}
+
+// newPodHarness is a harness with pod-level sources configured (and rc, if not nil).
+func newPodHarness(t *testing.T, rc *unstructured.Unstructured, pods PodOptions, objs ...runtime.Object) *harness {
+	t.Helper()
+	var clusters []*unstructured.Unstructured
+	if rc != nil {
+		clusters = append(clusters, rc)
+	}
+	return newHarnessWith(t, Options{Source: source, Prune: true, Pods: pods}, clusters, objs...)
+}
+
+func newHarnessWith(t *testing.T, opts Options, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
 	t.Helper()
 	kube := fake.NewClientset(objs...)
 	scheme := runtime.NewScheme()
@@ -119,11 +136,15 @@ func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
 		map[schema.GroupVersionResource]string{kuberay.RayClusterGVR: "RayClusterList"}, dynObjs...)
-	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{ns}, Sources: []types.NamespacedName{source}})
+	sources := append([]types.NamespacedName{source}, opts.Pods.PullSecrets...)
+	if opts.Pods.AutoscalerTLS != nil {
+		sources = append(sources, *opts.Pods.AutoscalerTLS)
+	}
+	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{ns}, Sources: sources})
 	rec := record.NewFakeRecorder(100)
-	h := &harness{kube: kube, recorder: rec}
+	h := &harness{kube: kube, dyn: dyn, recorder: rec}
 	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })
-	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), Options{Source: source, DryRun: dryRun, Prune: true})
+	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +156,33 @@ func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured
 		t.Fatal("caches did not sync")
 	}
 	kube.ClearActions()
+	dyn.ClearActions()
 	return h
 }
+
+func (h *harness) allActions() []clienttesting.Action {
+	return append(h.kube.Actions(), h.dyn.Actions()...)
+}
+
+// allWrites lists every write to the API as "verb resource name".
+func (h *harness) allWrites() []string {
+	var out []string
+	for _, a := range h.allActions() {
+		var name string
+		switch a.GetVerb() {
+		case "create", "update":
+			name = a.(clienttesting.CreateAction).GetObject().(metav1.Object).GetName()
+		case "delete", "patch":
+			name = a.(interface{ GetName() string }).GetName()
+		default:
+			continue
+		}
+		out = append(out, a.GetVerb()+" "+a.GetResource().Resource+" "+name)
+	}
+	return out
+}
+
+func testutilValue(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
 
 func (h *harness) sync(t *testing.T, name string) {
 	t.Helper()
