@@ -83,6 +83,26 @@ func (e *Env) SupportsSecretName() bool {
 	return false
 }
 
+// SupportsUpgradeStrategy reports whether the RayCluster CRD has spec.upgradeStrategy (KubeRay v1.6+).
+func (e *Env) SupportsUpgradeStrategy() bool {
+	return e.crdHasField("spec", "properties", "upgradeStrategy")
+}
+
+func (e *Env) crdHasField(path ...string) bool {
+	e.t.Helper()
+	crd, err := e.Dynamic.Resource(crdGVR).Get(e.ctx, "rayclusters.ray.io", metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatalf("get CRD: %v", err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		if _, found, _ := unstructured.NestedFieldNoCopy(v.(map[string]any), append([]string{"schema", "openAPIV3Schema", "properties"}, path...)...); found {
+			return true
+		}
+	}
+	return false
+}
+
 func (e *Env) CreateRayCluster(obj *unstructured.Unstructured) *unstructured.Unstructured {
 	e.t.Helper()
 	out, err := e.Dynamic.Resource(rayClusterGVR).Namespace(obj.GetNamespace()).Create(e.ctx, obj, metav1.CreateOptions{})

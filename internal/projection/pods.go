@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
@@ -34,6 +35,9 @@ const (
 	KindPullSecret    = "pull-secret"
 	KindAutoscalerTLS = "autoscaler-tls"
 )
+
+// RecycleGrace is the minimum age of a pod raysync recycles (creation timestamps have 1 s resolution).
+var RecycleGrace = 5 * time.Second
 
 // PodOptions configure registry pull secrets and the autoscaler's client TLS. Zero value: both off.
 type PodOptions struct {
@@ -195,7 +199,7 @@ func (c *Controller) syncPodConfig(ctx context.Context, key informer.Key, rc *un
 			c.deferred.Store(key.String(), rc.GetUID())
 			c.reportOnce(rc, corev1.EventTypeWarning, ReasonTemplatePatchDeferred,
 				"upgradeStrategy Recreate would restart every running pod to add raysync's pull secrets or autoscaler TLS; not patching (start raysync with --allow-recreate to permit it)")
-			return nil
+			return c.handlePods(ctx, key, rc, cfg, false, log)
 		}
 		c.deferred.Delete(key.String())
 		if err := c.patchTemplates(ctx, rc, desired); err != nil {
@@ -213,7 +217,7 @@ func (c *Controller) syncPodConfig(ctx context.Context, key informer.Key, rc *un
 	}
 	c.deferred.Delete(key.String())
 	c.templatesApplied.LoadOrStore(rc.GetUID(), struct{}{})
-	return c.handlePods(ctx, rc, cfg, log)
+	return c.handlePods(ctx, key, rc, cfg, c.opts.Pods.RecyclePending, log)
 }
 
 func (c *Controller) anyPodStarted(rc *unstructured.Unstructured) bool {
@@ -261,8 +265,8 @@ func (c *Controller) patchTemplates(ctx context.Context, rc, desired *unstructur
 }
 
 // handlePods recycles never-started pods that lack raysync's entries (KubeRay recreates them from the
-// fixed template) and reports running ones; a running pod is never deleted.
-func (c *Controller) handlePods(ctx context.Context, rc *unstructured.Unstructured, cfg TemplateConfig, log *zap.Logger) error {
+// fixed template; only when recycle is set) and reports running ones; a running pod is never deleted.
+func (c *Controller) handlePods(ctx context.Context, key informer.Key, rc *unstructured.Unstructured, cfg TemplateConfig, recycle bool, log *zap.Logger) error {
 	autoscaling := Autoscaling(rc)
 	var errs []error
 	stale := map[string][]string{}
@@ -279,7 +283,13 @@ func (c *Controller) handlePods(ctx context.Context, rc *unstructured.Unstructur
 			}
 			continue
 		}
-		if !c.opts.Pods.RecyclePending {
+		if !recycle {
+			continue
+		}
+		// KubeRay counts on seeing the pods it creates (its scale expectations); a pod deleted before
+		// KubeRay observed it stalls recreation for 30 s or more. Give it a moment first.
+		if age := c.now().Sub(p.CreationTimestamp.Time); age < RecycleGrace {
+			c.queue.AddAfter(key, RecycleGrace-age)
 			continue
 		}
 		if c.opts.DryRun {

@@ -181,7 +181,8 @@ func pullSecretSource() *corev1.Secret {
 
 func rayPod(name, cluster string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), ResourceVersion: "1",
-		Labels: map[string]string{kuberay.ClusterLabel: cluster, kuberay.NodeTypeLabel: "worker"}},
+		CreationTimestamp: metav1.NewTime(time.Now().Add(-time.Minute)),
+		Labels:            map[string]string{kuberay.ClusterLabel: cluster, kuberay.NodeTypeLabel: "worker"}},
 		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "ray-worker"}}},
 		Status: corev1.PodStatus{Phase: corev1.PodPending}}
 	for _, o := range opts {
@@ -224,6 +225,9 @@ func TestSyncPodConfig(t *testing.T) {
 		"template fixed: pending pod without the entry is recycled": {
 			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1")},
 			wantActions: []string{"delete pods p1"}, wantEvent: ReasonPodRecycled,
+		},
+		"pending pod too young (KubeRay may not have seen it yet): not yet": {
+			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1", func(p *corev1.Pod) { p.CreationTimestamp = metav1.Now() })},
 		},
 		"recycling off": {
 			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1")}, noRecycle: true,
