@@ -6,11 +6,17 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
@@ -38,6 +44,10 @@ const (
 	ns         = "ray-demo"
 	sourceName = "ray-token"
 	svcName    = "inference"
+	// platformNS holds the registry credentials and the autoscaler's client certificate (in
+	// production: filled by External Secrets Operator and cert-manager); raysync copies them.
+	platformNS = "platform-secrets"
+	apiProxy   = "https://k8s-api-proxy.example.internal:6443"
 )
 
 func main() {
@@ -66,12 +76,15 @@ func main() {
 	_, _ = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	putSource(ctx, cp, newToken())
 	fmt.Printf("   Secret %s/%s, key auth_token (value never printed)\n", ns, sourceName)
+	putPlatformSecrets(ctx, cp)
+	fmt.Printf("   plus %s/regcred (private registry) and %s/autoscaler-tls (client certificate for an authenticating API proxy)\n", platformNS, platformNS)
 
 	step("3. Start raysync")
 	metricsURL := startSyncer(ctx, root, dir, cp)
-	fmt.Printf("   raysync --auth-source=%s/%s --namespaces=%s   (logs: .dev/syncer.log, metrics: %s)\n", ns, sourceName, ns, metricsURL)
+	fmt.Printf("   raysync --auth-source=%s/%s --namespaces=%s --pull-secret=%s/regcred \\\n     --autoscaler-tls-secret=%s/autoscaler-tls --autoscaler-api-server=%s\n   logs: .dev/syncer.log, metrics: %s\n",
+		ns, sourceName, ns, platformNS, platformNS, apiProxy, metricsURL)
 
-	step("4. Apply a token-auth RayService; KubeRay creates its RayCluster")
+	step("4. Apply a token-auth RayService (private image, autoscaling); KubeRay creates its RayCluster")
 	svc := rayService()
 	if _, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		check(err)
@@ -79,6 +92,7 @@ func main() {
 	blue := waitNewCluster(ctx, cp, "")
 	waitCanonical(ctx, cp, blue)
 	show(ctx, cp)
+	showPods(ctx, cp, blue)
 
 	step("5. Blue-green upgrade: change the RayService, KubeRay starts a NEW cluster with a new name")
 	headSeen := watchHeadPods(ctx, cp)
@@ -106,18 +120,19 @@ Keep exploring (raysync and the cluster keep running):
   kubectl -n %s get rayservices,rayclusters,pods
   kubectl -n %s get secrets -o custom-columns=NAME:.metadata.name,SYNCED:.metadata.annotations.raysync\.dev/synced-at
   kubectl -n %s get events --field-selector source=raysync
+  kubectl -n %s get secrets -l raysync.dev/managed-by=raysync
   curl -s %s | grep ^raysync_
   tail -f .dev/syncer.log
 The old cluster %s is deleted by KubeRay 30 s after the switch; its Secret goes with it.
 Stop everything: make demo-down
-`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, blue)
+`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, ns, metricsURL, blue)
 }
 
 var rayServiceGVR = kuberay.RayClusterGVR.GroupVersion().WithResource("rayservices")
 
 func rayService() *unstructured.Unstructured {
 	container := func(name string) []any {
-		return []any{map[string]any{"name": name, "image": "rayproject/ray:2.52.0"}}
+		return []any{map[string]any{"name": name, "image": "registry.example.internal/ml/ray:2.52.0"}}
 	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "ray.io/v1", "kind": "RayService",
@@ -125,8 +140,9 @@ func rayService() *unstructured.Unstructured {
 		"spec": map[string]any{
 			"rayClusterDeletionDelaySeconds": int64(30),
 			"rayClusterConfig": map[string]any{
-				"rayVersion":  "2.52.0",
-				"authOptions": map[string]any{"mode": "token"},
+				"rayVersion":              "2.52.0",
+				"authOptions":             map[string]any{"mode": "token"},
+				"enableInTreeAutoscaling": true,
 				"headGroupSpec": map[string]any{"rayStartParams": map[string]any{},
 					"template": map[string]any{"spec": map[string]any{"containers": container("ray-head")}}},
 				"workerGroupSpecs": []any{map[string]any{"groupName": "gpu", "replicas": int64(2), "minReplicas": int64(0), "maxReplicas": int64(4),
@@ -191,6 +207,7 @@ func startSyncer(ctx context.Context, root, dir string, cp *framework.ControlPla
 	defer logf.Close()
 	cmd := exec.Command(bin, "--kubeconfig="+filepath.Join(dir, "kubeconfig"), "--auth-source="+ns+"/"+sourceName,
 		"--namespaces="+ns, "--leader-election-namespace="+ns,
+		"--pull-secret="+platformNS+"/regcred", "--autoscaler-tls-secret="+platformNS+"/autoscaler-tls", "--autoscaler-api-server="+apiProxy,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", port), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -350,6 +367,88 @@ func metricsExcerpt(url string) {
 			}
 		}
 	}
+}
+
+func putPlatformSecrets(ctx context.Context, cp *framework.ControlPlane) {
+	_, _ = cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: platformNS}}, metav1.CreateOptions{})
+	crt, key := selfSignedClientCert()
+	for _, s := range []*corev1.Secret{
+		{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: platformNS}, Type: corev1.SecretTypeDockerConfigJson,
+			Data: map[string][]byte{".dockerconfigjson": []byte(`{"auths":{"registry.example.internal":{"auth":"` + base64.StdEncoding.EncodeToString([]byte("ray:"+newToken())) + `"}}}`)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "autoscaler-tls", Namespace: platformNS}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": crt}},
+	} {
+		if _, err := cp.Kube.CoreV1().Secrets(platformNS).Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			check(err)
+		}
+	}
+}
+
+func selfSignedClientCert() (crt, key []byte) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	check(err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ray-autoscaler"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(90 * 24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	check(err)
+	kb, err := x509.MarshalECPrivateKey(k)
+	check(err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+
+// showPods waits until KubeRay's pods carry raysync's pod-level entries and prints them.
+func showPods(ctx context.Context, cp *framework.ControlPlane, cluster string) {
+	var pods []corev1.Pod
+	check(wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster})
+		if err != nil {
+			return false, nil
+		}
+		pods = pods[:0]
+		hasHead := false
+		for _, p := range l.Items {
+			if p.DeletionTimestamp != nil {
+				continue
+			}
+			if len(p.Spec.ImagePullSecrets) == 0 {
+				return false, nil
+			}
+			if p.Labels[kuberay.NodeTypeLabel] == "head" {
+				hasHead = true
+				if autoscalerEnv(p)["RAY_KUBERAY_CLIENT_CERT_PATH"] == "" {
+					return false, nil
+				}
+			}
+			pods = append(pods, p)
+		}
+		return hasHead && len(pods) >= 3, nil
+	}))
+	fmt.Println("   pods KubeRay created before raysync patched the templates were recycled; their replacements carry:")
+	for _, p := range pods {
+		var refs []string
+		for _, r := range p.Spec.ImagePullSecrets {
+			refs = append(refs, r.Name)
+		}
+		fmt.Printf("     %-32s imagePullSecrets=%v\n", p.Name, refs)
+		if p.Labels[kuberay.NodeTypeLabel] == "head" {
+			env := autoscalerEnv(p)
+			for _, k := range []string{"RAY_KUBERAY_CLIENT_CERT_PATH", "RAY_KUBERAY_CLIENT_KEY_PATH", "RAY_KUBERAY_CA_CERT_PATH", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT_HTTPS"} {
+				fmt.Printf("       autoscaler %s=%s\n", k, env[k])
+			}
+		}
+	}
+}
+
+func autoscalerEnv(p corev1.Pod) map[string]string {
+	env := map[string]string{}
+	for _, c := range p.Spec.Containers {
+		if c.Name == "autoscaler" {
+			for _, e := range c.Env {
+				env[e.Name] = e.Value
+			}
+		}
+	}
+	return env
 }
 
 func step(s string) { fmt.Printf("\n== %s\n", s) }
