@@ -417,3 +417,37 @@ func TestPodCopiesPrunedAndForeignNeverTouched(t *testing.T) {
 		}
 	})
 }
+
+func TestRunningPodsAreNeverRecycled(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		srcNS, ns := env.Namespace(), env.Namespace()
+		env.PutSource(srcNS, "ray-token", tokenData(env.NewToken()))
+		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(dockerConfig)})
+		env.CreateRayCluster(rayCluster(ns, "busy"))
+		pods := env.WaitPods(ns, "busy", 2, 30*time.Second)
+		for i := range pods {
+			env.MarkRunning(&pods[i], time.Now().Add(-time.Minute))
+		}
+		s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--pull-secret="+srcNS+"/regcred")
+		// The template is fixed for future pods...
+		err := wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			l, _, _ := unstructured.NestedSlice(env.GetRayCluster(ns, "busy").Object, "spec", "headGroupSpec", "template", "spec", "imagePullSecrets")
+			return len(l) == 1, nil
+		})
+		if err != nil {
+			t.Fatal("template not patched")
+		}
+		// ...but the running pods stay, reported as stale.
+		s.WaitMetric("raysync_stale_pods", map[string]string{"namespace": ns, "raycluster": "busy", "reason": "pull_secret"}, 2, 30*time.Second)
+		env.WaitEvent(ns, "busy", "StalePodConfig", 10*time.Second)
+		for _, p := range pods {
+			cur, err := env.Kube.CoreV1().Pods(ns).Get(env.ctx, p.Name, metav1.GetOptions{})
+			if err != nil || cur.UID != p.UID || cur.DeletionTimestamp != nil {
+				t.Errorf("running pod %s was deleted", p.Name)
+			}
+		}
+		if v, _ := s.Metric("raysync_pods_recycled_total", map[string]string{"reason": "pull_secret"}); v != 0 {
+			t.Errorf("raysync_pods_recycled_total = %v", v)
+		}
+	})
+}
