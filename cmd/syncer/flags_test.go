@@ -55,7 +55,25 @@ func TestParseFlags(t *testing.T) {
 		"bad log level":              {args: append(base, "--log-level=loud"), wantErr: "--log-level"},
 		"unknown flag":               {args: append(base, "--frobnicate"), wantErr: "flag provided but not defined"},
 		"not a number":               {args: append(base, "--workers=many"), wantErr: "invalid value"},
-		"positional argument":        {args: append(base, "extra"), wantErr: `unexpected argument "extra"`},
+		"pod features": {args: append(base, "--pull-secret=p/regcred", "--pull-secret=p/other", "--autoscaler-tls-secret=p/tls",
+			"--autoscaler-api-server=https://proxy:6443", "--recycle-pending-pods=false", "--prune=false"), check: func(t *testing.T, c *config) {
+			if len(c.pullSecrets) != 2 || c.autoscalerTLS == nil || c.apiServer == nil || c.apiServer.Port != 6443 || c.recyclePending || c.prune ||
+				c.tlsMountPath != "/etc/raysync/autoscaler-tls" {
+				t.Errorf("pod options: %+v", c)
+			}
+		}},
+		"pod feature defaults": {args: base, check: func(t *testing.T, c *config) {
+			if !c.recyclePending || !c.prune || c.allowRecreate || len(c.pullSecrets) != 0 || c.autoscalerTLS != nil {
+				t.Errorf("defaults: %+v", c)
+			}
+		}},
+		"pull secret not NAMESPACE/NAME": {args: append(base, "--pull-secret=regcred"), wantErr: "--pull-secret"},
+		"copy names collide":             {args: append(base, "--pull-secret=a/regcred", "--pull-secret=b/regcred"), wantErr: "already used"},
+		"tls and pull secret collide":    {args: append(base, "--pull-secret=a/x", "--autoscaler-tls-secret=b/x"), wantErr: "already used"},
+		"api server without tls":         {args: append(base, "--autoscaler-api-server=https://proxy"), wantErr: "needs --autoscaler-tls-secret"},
+		"http api server refused":        {args: append(base, "--autoscaler-tls-secret=a/t", "--autoscaler-api-server=http://proxy"), wantErr: "https"},
+		"relative mount path":            {args: append(base, "--autoscaler-tls-mount-path=etc/tls"), wantErr: "clean absolute path"},
+		"positional argument":            {args: append(base, "extra"), wantErr: `unexpected argument "extra"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
