@@ -67,20 +67,7 @@ func (e *Env) Namespace() string {
 
 // SupportsSecretName reports whether the installed RayCluster CRD has authOptions.secretName (KubeRay v1.6+).
 func (e *Env) SupportsSecretName() bool {
-	e.t.Helper()
-	crd, err := e.Dynamic.Resource(crdGVR).Get(e.ctx, "rayclusters.ray.io", metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatalf("get CRD: %v", err)
-	}
-	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
-	for _, v := range versions {
-		_, found, _ := unstructured.NestedMap(v.(map[string]any), "schema", "openAPIV3Schema", "properties", "spec",
-			"properties", "authOptions", "properties", "secretName")
-		if found {
-			return true
-		}
-	}
-	return false
+	return e.crdHasField("spec", "properties", "authOptions", "properties", "secretName")
 }
 
 // SupportsUpgradeStrategy reports whether the RayCluster CRD has spec.upgradeStrategy (KubeRay v1.6+).

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
@@ -10,12 +9,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/raysync/raysync/internal/kuberay"
@@ -28,26 +25,10 @@ func (e *Env) NewToken() string {
 	return e.Secret(base64.RawURLEncoding.EncodeToString(b))
 }
 
-// PutSource creates or replaces the canonical Secret's data.
+// PutSource creates or replaces the canonical (Opaque) Secret's data.
 func (e *Env) PutSource(ns, name string, data map[string][]byte) {
 	e.t.Helper()
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Type: corev1.SecretTypeOpaque, Data: data}
-	err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		cur, err := e.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			_, err = e.Kube.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{})
-			return err == nil, nil
-		}
-		if err != nil {
-			return false, nil
-		}
-		cur.Data = data
-		_, err = e.Kube.CoreV1().Secrets(ns).Update(ctx, cur, metav1.UpdateOptions{})
-		return err == nil, nil
-	})
-	if err != nil {
-		e.t.Fatalf("put source %s/%s: %v", ns, name, err)
-	}
+	e.PutSecret(ns, name, corev1.SecretTypeOpaque, data)
 }
 
 func tokenData(v string) map[string][]byte { return map[string][]byte{"auth_token": []byte(v)} }
