@@ -39,6 +39,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		os.Exit(runStatus(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		usage()

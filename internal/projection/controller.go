@@ -72,7 +72,6 @@ type Controller struct {
 	specReported  sync.Map // types.UID -> int64 generation: InvalidSpec / SourceKeyMismatch reported
 
 	refusedCopies       sync.Map // "ns/name" of a pull/TLS copy name taken by a foreign Secret
-	deferred            sync.Map // cluster key -> types.UID: template patch deferred (Recreate)
 	templatesApplied    sync.Map // types.UID: raysync's template entries were in place once
 	staleConfigReported sync.Map // "cluster key/reason" -> pods already reported
 
@@ -279,7 +278,6 @@ func (c *Controller) syncCluster(ctx context.Context, key informer.Key) error {
 // forget drops what raysync remembers about a cluster that is gone or out of scope.
 func (c *Controller) forget(key informer.Key) {
 	c.refused.Delete(key.String())
-	c.deferred.Delete(key.String())
 	for _, r := range []string{ReasonPullSecret, ReasonAutoscalerTLS} {
 		c.staleConfigReported.Delete(key.String() + "/" + r)
 	}
@@ -541,120 +539,4 @@ func templateSecretRefs(rc *unstructured.Unstructured, field string) []string {
 		}
 	}
 	return names
-}
-
-// Snapshot computes every in-scope cluster's state from the caches (for the scrape-time collector).
-func (c *Controller) Snapshot() metrics.Snapshot {
-	var snap metrics.Snapshot
-	src, _ := c.caches.Source(c.opts.Source)
-	token, srcErr := ValidateToken(src, c.opts.SourceKey)
-	snap.Sources = append(snap.Sources, metrics.SourceState{Source: c.opts.Source.String(), Valid: srcErr == nil})
-	pullValid := map[string]bool{}
-	for _, p := range c.opts.Pods.PullSecrets {
-		s, _ := c.caches.Source(p)
-		pullValid[p.Name] = ValidatePullSecret(s) == nil
-		snap.Sources = append(snap.Sources, metrics.SourceState{Source: p.String(), Valid: pullValid[p.Name]})
-	}
-	var tlsInfo AutoscalerTLS
-	var tlsErr error
-	if p := c.opts.Pods.AutoscalerTLS; p != nil {
-		s, _ := c.caches.Source(*p)
-		tlsInfo, tlsErr = ValidateAutoscalerTLS(s, c.now())
-		snap.Sources = append(snap.Sources, metrics.SourceState{Source: p.String(), Valid: tlsErr == nil, NotAfter: tlsInfo.NotAfter})
-	}
-	for _, rc := range c.caches.RayClusters("") {
-		if !kuberay.ValidClusterName(rc.GetName()) || rc.GetAnnotations()[SkipAnnotation] == "true" || rc.GetDeletionTimestamp() != nil {
-			continue
-		}
-		ns, name := rc.GetNamespace(), rc.GetName()
-		if t, ok, err := TokenTargetFor(rc, c.opts.Source); err == nil && ok {
-			var target *corev1.Secret
-			switch {
-			case t.IsSource:
-				target = src
-			case t.Mode == Generated:
-				target, _ = c.caches.ClusterSecret(t.Namespace, t.Name)
-			default:
-				target, _ = c.caches.ManagedSecret(t.Namespace, t.Name)
-			}
-			refusedUID, refused := c.refused.Load(ns + "/" + name)
-			refused = refused && refusedUID.(types.UID) == rc.GetUID()
-			st := tokenState(t, rc, target, token, srcErr, c.opts.Source, refused)
-			snap.Targets = append(snap.Targets, metrics.TargetState{Namespace: ns, RayCluster: name, Kind: metrics.KindAuthToken, State: st})
-			stale := 0
-			if st == metrics.StateInSync && !t.IsSource {
-				stale = len(stalePods(c.caches.Pods(ns, name), syncedAt(target)))
-			}
-			snap.StalePods = append(snap.StalePods, metrics.StalePods{Namespace: ns, RayCluster: name, Reason: ReasonToken, Count: stale})
-		}
-		if !c.opts.Pods.enabled() {
-			continue
-		}
-		var full TemplateConfig
-		var pullStates []string
-		for _, p := range c.opts.Pods.PullSecrets {
-			full.PullSecrets = append(full.PullSecrets, p.Name)
-			pullStates = append(pullStates, c.copyState(rc, p, KindPullSecret, pullValid[p.Name], TemplateConfig{PullSecrets: []string{p.Name}}))
-		}
-		if len(pullStates) > 0 {
-			snap.Targets = append(snap.Targets, metrics.TargetState{Namespace: ns, RayCluster: name, Kind: metrics.KindPullSecret, State: worst(pullStates)})
-		}
-		if p := c.opts.Pods.AutoscalerTLS; p != nil && Autoscaling(rc) {
-			full.TLS = &TLSTemplate{SecretName: p.Name, MountPath: c.opts.Pods.MountPath, HasCA: tlsInfo.HasCA, APIServer: c.opts.Pods.APIServer}
-			st := c.copyState(rc, *p, KindAutoscalerTLS, tlsErr == nil, TemplateConfig{TLS: full.TLS})
-			snap.Targets = append(snap.Targets, metrics.TargetState{Namespace: ns, RayCluster: name, Kind: metrics.KindAutoscalerTLS, State: st})
-		}
-		counts := map[string]int{}
-		for _, pod := range c.caches.Pods(ns, name) {
-			if podStarted(pod) && pod.DeletionTimestamp == nil {
-				for _, m := range podMissing(pod, full, Autoscaling(rc)) {
-					counts[m]++
-				}
-			}
-		}
-		for _, r := range []string{ReasonPullSecret, ReasonAutoscalerTLS} {
-			if r == ReasonPullSecret && len(full.PullSecrets) == 0 || r == ReasonAutoscalerTLS && full.TLS == nil {
-				continue
-			}
-			snap.StalePods = append(snap.StalePods, metrics.StalePods{Namespace: ns, RayCluster: name, Reason: r, Count: counts[r]})
-		}
-		if uid, ok := c.deferred.Load(ns + "/" + name); ok && uid.(types.UID) == rc.GetUID() {
-			snap.Deferred = append(snap.Deferred, metrics.ClusterRef{Namespace: ns, RayCluster: name})
-		}
-	}
-	return snap
-}
-
-// copyState is one pod-level source's state for one cluster: its copy and the templates.
-func (c *Controller) copyState(rc *unstructured.Unstructured, src types.NamespacedName, kind string, valid bool, cfg TemplateConfig) string {
-	if !valid {
-		return metrics.StateSourceInvalid
-	}
-	ns := rc.GetNamespace()
-	if ns != src.Namespace {
-		if _, refused := c.refusedCopies.Load(ns + "/" + src.Name); refused {
-			return metrics.StateNotOwned
-		}
-		cp, ok := c.caches.ManagedSecret(ns, src.Name)
-		source, _ := c.caches.Source(src)
-		if !ok || source == nil || !isManagedCopyOf(cp, src, kind) || !sameData(cp.Data, copyData(source, kind)) {
-			return metrics.StateOutOfSync
-		}
-	}
-	if _, changed, err := desiredTemplates(rc, cfg); err != nil || changed {
-		return metrics.StateOutOfSync
-	}
-	return metrics.StateInSync
-}
-
-// worst orders states by how much attention they need.
-func worst(states []string) string {
-	rank := map[string]int{metrics.StateInSync: 0, metrics.StateOutOfSync: 1, metrics.StateNotOwned: 2, metrics.StateSourceInvalid: 3}
-	w := metrics.StateInSync
-	for _, s := range states {
-		if rank[s] > rank[w] {
-			w = s
-		}
-	}
-	return w
 }

@@ -195,13 +195,11 @@ func (c *Controller) syncPodConfig(ctx context.Context, key informer.Key, rc *un
 		return nil
 	}
 	if changed {
-		if RecreateStrategy(rc) && !c.opts.Pods.AllowRecreate && c.anyPodStarted(rc) {
-			c.deferred.Store(key.String(), rc.GetUID())
+		if c.patchDeferred(rc) {
 			c.reportOnce(rc, corev1.EventTypeWarning, ReasonTemplatePatchDeferred,
 				"upgradeStrategy Recreate would restart every running pod to add raysync's pull secrets or autoscaler TLS; not patching (start raysync with --allow-recreate to permit it)")
 			return c.handlePods(ctx, key, rc, cfg, false, log)
 		}
-		c.deferred.Delete(key.String())
 		if err := c.patchTemplates(ctx, rc, desired); err != nil {
 			return err
 		}
@@ -215,9 +213,14 @@ func (c *Controller) syncPodConfig(ctx context.Context, key informer.Key, rc *un
 		}
 		return nil // the pods are handled on the next pass, once the cache holds the patched template
 	}
-	c.deferred.Delete(key.String())
 	c.templatesApplied.LoadOrStore(rc.GetUID(), struct{}{})
 	return c.handlePods(ctx, key, rc, cfg, c.opts.Pods.RecyclePending, log)
+}
+
+// patchDeferred: with upgradeStrategy Recreate, a template change restarts every pod, so raysync waits
+// while the cluster has running pods (unless --allow-recreate).
+func (c *Controller) patchDeferred(rc *unstructured.Unstructured) bool {
+	return RecreateStrategy(rc) && !c.opts.Pods.AllowRecreate && c.anyPodStarted(rc)
 }
 
 func (c *Controller) anyPodStarted(rc *unstructured.Unstructured) bool {

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/projection"
+)
+
+// Exit codes of `syncer status`, usable from cron and CI.
+const (
+	statusInSync    = 0
+	statusOutOfSync = 1
+	statusError     = 2
+)
+
+// statusReport is `syncer status -o json`. It never contains a token.
+type statusReport struct {
+	InSync   bool                       `json:"inSync"`
+	Sources  []statusSource             `json:"sources"`
+	Clusters []projection.ClusterStatus `json:"clusters"`
+}
+
+type statusSource struct {
+	Source   string     `json:"source"`
+	Valid    bool       `json:"valid"`
+	NotAfter *time.Time `json:"notAfter,omitempty"`
+}
+
+// runStatus is `syncer status [-o table|json] <the syncer's flags>`: a read-only report of every
+// in-scope RayCluster, computed exactly as the controller computes its metrics.
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	output, rest, err := outputFlag(args)
+	if err == nil {
+		var cfg *config
+		if cfg, err = parseFlags(append(rest, "--leader-elect=false"), os.Getenv); err == nil {
+			var report *statusReport
+			if report, err = collectStatus(cfg); err == nil {
+				if output == "json" {
+					enc := json.NewEncoder(stdout)
+					enc.SetIndent("", "  ")
+					err = enc.Encode(report)
+				} else {
+					printStatus(stdout, report)
+				}
+				if err == nil {
+					if report.InSync {
+						return statusInSync
+					}
+					return statusOutOfSync
+				}
+			}
+		}
+	}
+	fmt.Fprintln(stderr, "syncer status:", firstLine(err.Error()))
+	return statusError
+}
+
+// outputFlag takes -o/--output out of args (the rest are the syncer's own flags).
+func outputFlag(args []string) (string, []string, error) {
+	output := "table"
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-o" || a == "--output" || a == "-output":
+			if i+1 >= len(args) {
+				return "", nil, errors.New("-o needs a value: table or json")
+			}
+			output = args[i+1]
+			i++
+		case strings.HasPrefix(a, "-o=") || strings.HasPrefix(a, "--output=") || strings.HasPrefix(a, "-output="):
+			output = a[strings.Index(a, "=")+1:]
+		default:
+			rest = append(rest, a)
+		}
+	}
+	if output != "table" && output != "json" {
+		return "", nil, fmt.Errorf("-o %q: want table or json", output)
+	}
+	return output, rest, nil
+}
+
+func collectStatus(cfg *config) (*statusReport, error) {
+	rc, err := restConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rc.Timeout = 30 * time.Second
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	sources := append([]types.NamespacedName{cfg.authSource}, cfg.pullSecrets...)
+	if cfg.autoscalerTLS != nil {
+		sources = append(sources, *cfg.autoscalerTLS)
+	}
+	caches := informer.New(kube, dyn, informer.Config{Namespaces: cfg.namespaces, ClusterSelector: cfg.clusterSelector, Sources: sources})
+	ctrl, err := projection.New(kube, dyn, caches, &record.FakeRecorder{}, metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }),
+		zap.NewNop(), projection.Options{Source: cfg.authSource, SourceKey: cfg.authSourceKey, DryRun: true,
+			Pods: projection.PodOptions{PullSecrets: cfg.pullSecrets, AutoscalerTLS: cfg.autoscalerTLS, APIServer: cfg.apiServer, MountPath: cfg.tlsMountPath}})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	caches.Start(ctx.Done())
+	if !caches.WaitForSync(ctx.Done()) {
+		return nil, errors.New("could not list RayClusters, Secrets and Pods within 60s (check --kubeconfig and RBAC)")
+	}
+	// Targets raysync does not cache (foreign Secrets) are read directly, to tell "not owned" apart.
+	lookup := func(ns, name string) *corev1.Secret {
+		s, err := kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return s
+	}
+	srcStates, clusters := ctrl.Status(lookup)
+	sort.Slice(clusters, func(i, j int) bool {
+		if clusters[i].Namespace != clusters[j].Namespace {
+			return clusters[i].Namespace < clusters[j].Namespace
+		}
+		return clusters[i].RayCluster < clusters[j].RayCluster
+	})
+	report := &statusReport{InSync: true, Clusters: clusters}
+	for _, s := range srcStates {
+		ss := statusSource{Source: s.Source, Valid: s.Valid}
+		if !s.NotAfter.IsZero() {
+			t := s.NotAfter.UTC()
+			ss.NotAfter = &t
+		}
+		report.Sources = append(report.Sources, ss)
+		report.InSync = report.InSync && s.Valid
+	}
+	for _, c := range clusters {
+		report.InSync = report.InSync && c.InSync()
+	}
+	return report, nil
+}
+
+func printStatus(w io.Writer, r *statusReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SOURCE\tVALID\tEXPIRES")
+	for _, s := range r.Sources {
+		exp := "-"
+		if s.NotAfter != nil {
+			exp = s.NotAfter.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\n", s.Source, s.Valid, exp)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tRAYCLUSTER\tOWNER\tMODE\tTOKEN\tSTALE PODS\tPULL SECRET\tAUTOSCALER TLS")
+	for _, c := range r.Clusters {
+		owner := "-"
+		if c.Owner != "" {
+			owner = c.OwnerKind + "/" + c.Owner
+		}
+		mode := string(c.Mode)
+		if mode == "" {
+			mode = "-"
+		}
+		stale := 0
+		for _, n := range c.StalePods {
+			stale += n
+		}
+		tls := projection.Display(c.AutoscalerTLS)
+		if c.Deferred {
+			tls += " (deferred)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", c.Namespace, c.RayCluster, owner, mode,
+			projection.Display(c.Token), stale, projection.Display(c.PullSecret), tls)
+	}
+	_ = tw.Flush()
+	if len(r.Clusters) == 0 {
+		fmt.Fprintln(w, "(no RayClusters in scope)")
+	}
+}
