@@ -92,6 +92,12 @@ func (e *Env) Secret(v string) string {
 // kubeconfig, waits until it is ready, and stops it when the test ends.
 func (e *Env) StartSyncer(args ...string) *Syncer {
 	e.t.Helper()
+	return e.StartSyncerAs(e.Kubeconfig, args...)
+}
+
+// StartSyncerAs runs raysync with the given kubeconfig (for example a ServiceAccount's).
+func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
+	e.t.Helper()
 	path, err := buildSyncer()
 	if err != nil {
 		e.t.Fatal(err)
@@ -103,7 +109,7 @@ func (e *Env) StartSyncer(args ...string) *Syncer {
 	s := &Syncer{t: e.t, out: &lockedBuffer{}, done: make(chan struct{}),
 		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0]),
 		ProbeURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
-	full := append([]string{"--kubeconfig=" + e.Kubeconfig,
+	full := append([]string{"--kubeconfig=" + kubeconfig,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
 		"--log-level=debug"}, args...)

@@ -136,6 +136,39 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 	return b, nil
 }
 
+// HelmVersion is the helm the tests lint and render the chart with (built from e2e/tools/helm).
+const HelmVersion = "v3.22.0"
+
+// EnsureHelm builds helm into the cache if needed and returns its path.
+func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(cache, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := lockFile(filepath.Join(cache, "build.lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	out := filepath.Join(bin, "helm-"+HelmVersion)
+	if fileExists(out) {
+		return out, nil
+	}
+	logf("building helm %s (first run only, ~3 minutes)", HelmVersion)
+	if err := goCmd(ctx, filepath.Join(root, "e2e/tools/helm"), nil, "build", "-trimpath", "-ldflags=-s -w", "-o", out+".tmp", "helm.sh/helm/v3/cmd/helm"); err != nil {
+		return "", err
+	}
+	return out, os.Rename(out+".tmp", out)
+}
+
 func moduleDir(ctx context.Context, root, modVersion string) (string, error) {
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", modVersion)

@@ -1,0 +1,246 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	path, err := framework.EnsureHelm(context.Background(), func(f string, a ...any) { t.Logf(f, a...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := framework.RepoRoot()
+	cmd := exec.Command(path, args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out) + stderr.String(), err
+	}
+	return string(out), nil
+}
+
+const chart = "deploy/helm/raysync"
+
+func TestChartLintsAndRejectsBadValues(t *testing.T) {
+	base := []string{"--set", "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true"}
+	if out, err := helm(t, append([]string{"lint", "--strict", chart}, base...)...); err != nil {
+		t.Fatalf("helm lint: %v\n%s", err, out)
+	}
+	for _, scope := range []string{"cluster", "namespaces"} {
+		args := []string{"template", "rs", chart, "--namespace", "raysync", "--set", "authSource.namespace=raysync,authSource.name=ray-token,namespaces={ml,batch},rbac.scope=" + scope,
+			"--set", "pullSecrets={platform/regcred},autoscalerTLS.secret=platform/client-tls,serviceMonitor.enabled=true,prometheusRule.enabled=true"}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("helm template (%s): %v\n%s", scope, err, out)
+		}
+		kinds := map[string]int{}
+		for _, doc := range renderedObjects(t, out) {
+			kinds[doc.GetKind()]++
+		}
+		if scope == "namespaces" && (kinds["ClusterRole"] != 0 || kinds["Role"] != 5) {
+			t.Errorf("namespaces scope: %v (want no ClusterRole; a Role per namespace, per source namespace, and for leader election)", kinds)
+		}
+		if scope == "cluster" && kinds["ClusterRole"] != 1 {
+			t.Errorf("cluster scope: %v", kinds)
+		}
+	}
+	for name, set := range map[string]string{
+		"no scope":              "authSource.namespace=a,authSource.name=b",
+		"bad log format":        "authSource.namespace=a,authSource.name=b,allNamespaces=true,logFormat=xml",
+		"zero workers":          "authSource.namespace=a,authSource.name=b,allNamespaces=true,workers=0",
+		"http api server":       "authSource.namespace=a,authSource.name=b,allNamespaces=true,autoscalerTLS.secret=a/t,autoscalerTLS.apiServer=http://x",
+		"pull secret not ns/nm": "authSource.namespace=a,authSource.name=b,allNamespaces=true,pullSecrets={regcred}",
+		"unknown value":         "authSource.namespace=a,authSource.name=b,allNamespaces=true,frobnicate=1",
+		"bad rbac scope":        "authSource.namespace=a,authSource.name=b,allNamespaces=true,rbac.scope=everything",
+		"missing source":        "allNamespaces=true",
+	} {
+		if out, err := helm(t, "template", "rs", chart, "--set", set); err == nil {
+			t.Errorf("%s: helm template accepted it:\n%.300s", name, out)
+		}
+	}
+}
+
+func renderedObjects(t *testing.T, out string) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(out, "\n---") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatalf("rendered YAML: %v", err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+// TestChartRBACIsSufficientAndMinimal renders the chart, applies it, and runs raysync as the chart's
+// ServiceAccount (never as admin) in both RBAC modes.
+func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		for _, scope := range []string{"cluster", "namespaces"} {
+			t.Run(scope, func(t *testing.T) {
+				env := env.With(t)
+				rel, ns, srcNS, otherNS := env.Namespace(), env.Namespace(), env.Namespace(), env.Namespace()
+				token := env.NewToken()
+				env.PutSource(srcNS, "ray-token", tokenData(token))
+				env.PutSource(srcNS, "not-a-source", tokenData(env.NewToken()))
+				env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(dockerConfig)})
+				release := "rs-" + rel
+				out, err := helm(t, "template", release, chart, "--namespace", rel, "--set", strings.Join([]string{
+					"authSource.namespace=" + srcNS, "authSource.name=ray-token", "namespaces={" + ns + "}", "rbac.scope=" + scope,
+					"pullSecrets={" + srcNS + "/regcred}"}, ","))
+				if err != nil {
+					t.Fatalf("helm template: %v\n%s", err, out)
+				}
+				env.kubectlApply(out)
+				var args []string
+				for _, o := range renderedObjects(t, out) {
+					if o.GetKind() == "Deployment" {
+						c, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+						for _, a := range c[0].(map[string]any)["args"].([]any) {
+							if s := a.(string); !strings.HasPrefix(s, "--metrics-bind-address") && !strings.HasPrefix(s, "--health-probe-bind-address") {
+								args = append(args, s)
+							}
+						}
+					}
+				}
+				if len(args) == 0 {
+					t.Fatal("no Deployment args rendered")
+				}
+				kubeconfig, sa := env.serviceAccountKubeconfig(rel, release+"-raysync")
+				// POD_NAMESPACE comes from the downward API in the cluster.
+				syncer := env.StartSyncerAs(kubeconfig, append(args, "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")...)
+
+				env.CreateRayCluster(rayCluster(ns, "rbac"))
+				env.WaitSecret(ns, "rbac", 30*time.Second, holds(token))
+				env.WaitSecret(ns, "regcred", 30*time.Second, nil)
+				env.WaitAllPods(ns, "rbac", 2, 60*time.Second, "listing the pull secret", listsPullSecret("regcred"))
+
+				can := func(verb, resource, namespace, name string) bool {
+					r, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(env.ctx, &authzv1.SelfSubjectAccessReview{
+						Spec: authzv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authzv1.ResourceAttributes{
+							Verb: verb, Resource: resource, Namespace: namespace, Name: name, Group: groupOf(resource)}}}, metav1.CreateOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return r.Status.Allowed
+				}
+				for _, c := range []struct {
+					verb, resource, ns, name string
+					want                     bool
+				}{
+					{"get", "secrets", srcNS, "ray-token", true},
+					{"create", "namespaces", "", "", false},
+					{"delete", "namespaces", "", ns, false},
+					{"create", "leases", ns, "", false},
+					{"update", "leases", rel, "raysync", true},
+					{"update", "leases", rel, "someone-else", false},
+					{"delete", "pods", "kube-system", "", scope == "cluster"},
+				} {
+					if got := can(c.verb, c.resource, c.ns, c.name); got != c.want {
+						t.Errorf("%s %s %s/%s: allowed=%v, want %v", c.verb, c.resource, c.ns, c.name, got, c.want)
+					}
+				}
+				if scope == "namespaces" {
+					for _, c := range []struct{ verb, ns, name string }{
+						{"get", srcNS, "not-a-source"}, {"list", otherNS, ""}, {"create", otherNS, ""}, {"update", srcNS, "ray-token"}, {"list", "", ""},
+					} {
+						if can(c.verb, "secrets", c.ns, c.name) {
+							t.Errorf("namespaced mode may %s secrets %s/%s", c.verb, c.ns, c.name)
+						}
+					}
+					// And for real: reading a Secret outside its scope fails.
+					if _, err := sa.CoreV1().Secrets(srcNS).Get(env.ctx, "not-a-source", metav1.GetOptions{}); err == nil {
+						t.Error("read a Secret that is not a source")
+					}
+				}
+				if strings.Contains(syncer.Output(), "forbidden") {
+					t.Errorf("raysync hit an RBAC denial under the chart's ServiceAccount:\n%s", lastLines(syncer.Output(), 20))
+				}
+				env.kubectlDeleteClusterScoped(out)
+			})
+		}
+	})
+}
+
+func groupOf(resource string) string {
+	if resource == "leases" {
+		return "coordination.k8s.io"
+	}
+	return ""
+}
+
+// kubectlApply applies rendered manifests server-side as admin.
+func (e *Env) kubectlApply(manifests string) {
+	e.t.Helper()
+	cmd := exec.Command("kubectl", "--kubeconfig", e.Kubeconfig, "apply", "--server-side", "-f", "-")
+	cmd.Stdin = strings.NewReader(manifests)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		e.t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+}
+
+// kubectlDeleteClusterScoped removes the cluster-scoped objects of a rendered chart (namespaces go by themselves).
+func (e *Env) kubectlDeleteClusterScoped(manifests string) {
+	for _, o := range renderedObjects(e.t, manifests) {
+		if o.GetNamespace() == "" && (o.GetKind() == "ClusterRole" || o.GetKind() == "ClusterRoleBinding") {
+			_ = exec.Command("kubectl", "--kubeconfig", e.Kubeconfig, "delete", strings.ToLower(o.GetKind()), o.GetName(), "--ignore-not-found").Run()
+		}
+	}
+}
+
+// serviceAccountKubeconfig writes a kubeconfig that authenticates as the ServiceAccount (a TokenRequest token).
+func (e *Env) serviceAccountKubeconfig(ns, name string) (string, kubernetes.Interface) {
+	e.t.Helper()
+	exp := int64(3600)
+	tr, err := e.Kube.CoreV1().ServiceAccounts(ns).CreateToken(e.ctx, name, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("token for ServiceAccount %s/%s: %v", ns, name, err)
+	}
+	admin, err := clientcmd.LoadFromFile(e.Kubeconfig)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cluster := admin.Clusters[admin.Contexts[admin.CurrentContext].Cluster]
+	path := filepath.Join(e.t.TempDir(), "sa.kubeconfig")
+	cfg := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: %s\n    certificate-authority-data: %s\nusers:\n- name: sa\n  user:\n    token: %s\ncontexts:\n- name: c\n  context: {cluster: c, user: sa}\ncurrent-context: c\n",
+		cluster.Server, base64.StdEncoding.EncodeToString(cluster.CertificateAuthorityData), tr.Status.Token)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	e.Secret(tr.Status.Token)
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: cluster.Server, BearerToken: tr.Status.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: cluster.CertificateAuthorityData}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return path, client
+}
