@@ -185,6 +185,7 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 	}()
 
 	if !cfg.leaderElect {
+		m.Leader.Set(1)
 		return ctrl.Run(ctx, cfg.workers)
 	}
 	id, _ := os.Hostname()
@@ -206,11 +207,12 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("acquired leadership", zap.String("identity", id))
+				m.Leader.Set(1)
 				if err := ctrl.Run(ctx, cfg.workers); err != nil {
 					log.Error("controller stopped", zap.Error(err))
 				}
 			},
-			OnStoppedLeading: func() { close(lost) },
+			OnStoppedLeading: func() { m.Leader.Set(0); close(lost) },
 			OnNewLeader: func(identity string) {
 				if identity != id {
 					log.Info("standing by", zap.String("leader", identity))

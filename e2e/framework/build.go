@@ -136,11 +136,9 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 	return b, nil
 }
 
-// HelmVersion is the helm the tests lint and render the chart with (built from e2e/tools/helm).
-const HelmVersion = "v3.22.0"
-
-// EnsureHelm builds helm into the cache if needed and returns its path.
-func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) {
+// EnsureTool builds package pkg of the tools module in dir (relative to the repository) into the
+// cache as name, unless it is there already, and returns its path.
+func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ...any)) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
@@ -158,15 +156,23 @@ func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) 
 		return "", err
 	}
 	defer unlock()
-	out := filepath.Join(bin, "helm-"+HelmVersion)
+	out := filepath.Join(bin, name)
 	if fileExists(out) {
 		return out, nil
 	}
-	logf("building helm %s (first run only, ~3 minutes)", HelmVersion)
-	if err := goCmd(ctx, filepath.Join(root, "e2e/tools/helm"), nil, "build", "-trimpath", "-ldflags=-s -w", "-o", out+".tmp", "helm.sh/helm/v3/cmd/helm"); err != nil {
+	logf("building %s (first run only)", name)
+	if err := goCmd(ctx, filepath.Join(root, dir), nil, "build", "-trimpath", "-ldflags=-s -w", "-o", out+".tmp", pkg); err != nil {
 		return "", err
 	}
 	return out, os.Rename(out+".tmp", out)
+}
+
+// HelmVersion is the helm the tests lint and render the chart with (built from e2e/tools/helm).
+const HelmVersion = "v3.22.0"
+
+// EnsureHelm builds helm into the cache if needed and returns its path.
+func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) {
+	return EnsureTool(ctx, "helm-"+HelmVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", logf)
 }
 
 func moduleDir(ctx context.Context, root, modVersion string) (string, error) {

@@ -45,8 +45,10 @@ func registerClientGo(r *prometheus.Registry) {
 			RequestLatency: requestLatency{},
 		})
 	})
-	r.MustRegister(wqDepth, wqAdds, wqLatency, wqWork, wqUnfinished, wqLongest, wqRetries, restRequests, restLatency)
+	r.MustRegister(clientGoCollectors...)
 }
+
+var clientGoCollectors = []prometheus.Collector{wqDepth, wqAdds, wqLatency, wqWork, wqUnfinished, wqLongest, wqRetries, restRequests, restLatency}
 
 type queueProvider struct{}
 

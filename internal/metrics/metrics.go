@@ -4,6 +4,7 @@
 package metrics
 
 import (
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,10 @@ type Metrics struct {
 	// TemplateReapplied counts template patches that put back entries raysync had already applied.
 	TemplateReapplied prometheus.Counter
 	PodsRecycled      *prometheus.CounterVec
+	// Leader is 1 while this replica holds the lease and writes (always 1 without leader election).
+	Leader prometheus.Gauge
+
+	own []prometheus.Collector // raysync's own collectors (for Names)
 }
 
 // New registers every raysync metric, the Go and process collectors, and a collector that calls
@@ -108,6 +113,10 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "raysync_template_reapplied_total",
 			Help: "RayCluster template patches that restored raysync's entries after someone (usually KubeRay) removed them.",
 		}),
+		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "raysync_leader",
+			Help: "1 while this replica is the leader (the only one that writes), else 0.",
+		}),
 		PodsRecycled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_pods_recycled_total",
 			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
@@ -119,7 +128,10 @@ func New(snapshot func() Snapshot) *Metrics {
 	for _, r := range []string{ResultCreated, ResultUpdated, ResultUnchanged, ResultRefused, ResultError} {
 		m.Syncs.WithLabelValues(r)
 	}
-	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled,
+	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
+		&stateCollector{snapshot: snapshot}}
+	m.own = append(m.own, clientGoCollectors...)
+	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
 		&stateCollector{snapshot: snapshot},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -127,6 +139,27 @@ func New(snapshot func() Snapshot) *Metrics {
 	registerClientGo(m.Registry)
 	return m
 }
+
+// Names lists every raysync_* metric name the registry can export (histograms as their base name),
+// whether or not it has a series yet. Dashboards and alerts are checked against it.
+func (m *Metrics) Names() []string {
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, c := range m.own {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var names []string
+	for d := range ch {
+		if match := fqName.FindStringSubmatch(d.String()); match != nil {
+			names = append(names, match[1])
+		}
+	}
+	return names
+}
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 
 var (
 	sourceValidDesc = prometheus.NewDesc("raysync_source_valid",

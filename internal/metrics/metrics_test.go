@@ -68,11 +68,20 @@ func TestEveryMetricIsRegistered(t *testing.T) {
 	for _, name := range []string{"raysync_source_valid", "raysync_source_rotations_total", "raysync_source_last_rotation_timestamp_seconds",
 		"raysync_target_in_sync", "raysync_targets", "raysync_stale_pods", "raysync_sync_total", "raysync_propagation_seconds",
 		"raysync_autoscaler_client_cert_expiry_timestamp_seconds", "raysync_template_deferred", "raysync_template_reapplied_total",
-		"raysync_pods_recycled_total", "go_goroutines", "process_resident_memory_bytes"} {
+		"raysync_pods_recycled_total", "raysync_leader", "go_goroutines", "process_resident_memory_bytes"} {
 		if !have[name] {
 			t.Errorf("%s not exported", name)
 		}
 	}
 	// A second registry (tests, benchmarks) must not panic on the process-global client-go hooks.
 	New(func() Snapshot { return Snapshot{} })
+}
+
+func TestNamesListsEveryRaysyncMetric(t *testing.T) {
+	names := strings.Join(New(func() Snapshot { return Snapshot{} }).Names(), " ")
+	for _, n := range []string{"raysync_targets", "raysync_propagation_seconds", "raysync_workqueue_depth", "raysync_rest_client_requests_total", "raysync_leader"} {
+		if !strings.Contains(" "+names+" ", " "+n+" ") {
+			t.Errorf("Names() lacks %s: %s", n, names)
+		}
+	}
 }

@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/metrics"
+)
+
+// checkPromQL parses every expression with Prometheus' own parser (e2e/tools/promql) and checks that
+// each metric it selects exists in raysync's registry (or is Prometheus' own "up").
+func checkPromQL(t *testing.T, where string, exprs []string) {
+	t.Helper()
+	if len(exprs) == 0 {
+		t.Fatalf("%s: no expressions found", where)
+	}
+	tool, err := framework.EnsureTool(context.Background(), "promql", "e2e/tools/promql", ".", func(f string, a ...any) { t.Logf(f, a...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(tool)
+	cmd.Stdin = strings.NewReader(strings.Join(exprs, "\n") + "\n")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	runErr := cmd.Run()
+	lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+	if len(lines) != len(exprs) {
+		t.Fatalf("%s: promql tool: %v\n%s", where, runErr, out.String())
+	}
+	known := map[string]bool{"up": true}
+	for _, n := range metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }).Names() {
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+			known[n+suffix] = true
+		}
+	}
+	for i, l := range lines {
+		if strings.HasPrefix(l, "ERROR:") {
+			t.Errorf("%s: %q does not parse: %s", where, exprs[i], l)
+			continue
+		}
+		for _, name := range strings.Fields(l) {
+			if !known[name] {
+				t.Errorf("%s: %q uses %s, which raysync does not export", where, exprs[i], name)
+			}
+		}
+	}
+}
+
+func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
+	root, _ := framework.RepoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "deploy/helm/raysync/files/alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string
+				Expr        string
+				Annotations map[string]string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	alerts := map[string]bool{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = true
+			exprs = append(exprs, strings.ReplaceAll(r.Expr, "__JOB__", "raysync-metrics"))
+			if r.Annotations["summary"] == "" || r.Annotations["runbook"] == "" {
+				t.Errorf("alert %s lacks summary or runbook text", r.Alert)
+			}
+		}
+	}
+	for _, want := range []string{"RaysyncSourceInvalid", "RaysyncTargetsOutOfSync", "RaysyncStalePods", "RaysyncPodsRecycledRepeatedly",
+		"RaysyncAutoscalerCertExpiringSoon", "RaysyncDown", "RaysyncNoLeader"} {
+		if !alerts[want] {
+			t.Errorf("alert %s missing", want)
+		}
+	}
+	checkPromQL(t, "alerts.yaml", exprs)
+}
+
+func TestDashboardQueriesUseRealMetrics(t *testing.T) {
+	root, _ := framework.RepoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "deploy/grafana/raysync.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	checkPromQL(t, "raysync.json", exprs)
+}
