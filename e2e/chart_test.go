@@ -113,9 +113,13 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 				env.PutSource(srcNS, "not-a-source", tokenData(env.NewToken()))
 				env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(dockerConfig)})
 				release := "rs-" + rel
+				// The Prometheus Operator objects must be accepted by a real API server with its CRDs.
+				if err := framework.InstallPrometheusOperatorCRDs(env.ctx, env.Dynamic); err != nil {
+					t.Fatal(err)
+				}
 				out, err := helm(t, "template", release, chart, "--namespace", rel, "--set", strings.Join([]string{
 					"authSource.namespace=" + srcNS, "authSource.name=ray-token", "namespaces={" + ns + "}", "rbac.scope=" + scope,
-					"pullSecrets={" + srcNS + "/regcred}"}, ","))
+					"pullSecrets={" + srcNS + "/regcred}", "serviceMonitor.enabled=true", "prometheusRule.enabled=true"}, ","))
 				if err != nil {
 					t.Fatalf("helm template: %v\n%s", err, out)
 				}

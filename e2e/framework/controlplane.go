@@ -251,6 +251,29 @@ func InstallCRDs(ctx context.Context, dyn dynamic.Interface, dir string) error {
 	if err != nil {
 		return err
 	}
+	return InstallCRDFiles(ctx, dyn, files...)
+}
+
+// PrometheusOperatorVersion is the module the tests take the ServiceMonitor and PrometheusRule CRDs from.
+const PrometheusOperatorVersion = "v0.85.0"
+
+// InstallPrometheusOperatorCRDs installs the ServiceMonitor and PrometheusRule CRDs from the Go module.
+func InstallPrometheusOperatorCRDs(ctx context.Context, dyn dynamic.Interface) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	dir, err := moduleDir(ctx, root, "github.com/prometheus-operator/prometheus-operator@"+PrometheusOperatorVersion)
+	if err != nil {
+		return err
+	}
+	crds := filepath.Join(dir, "example", "prometheus-operator-crd")
+	return InstallCRDFiles(ctx, dyn, filepath.Join(crds, "monitoring.coreos.com_servicemonitors.yaml"),
+		filepath.Join(crds, "monitoring.coreos.com_prometheusrules.yaml"))
+}
+
+// InstallCRDFiles creates the CRDs in files and waits until they are Established.
+func InstallCRDFiles(ctx context.Context, dyn dynamic.Interface, files ...string) error {
 	sort.Strings(files)
 	var names []string
 	for _, f := range files {
