@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+func kustomize(t *testing.T, dir string) string {
+	t.Helper()
+	root, _ := framework.RepoRoot()
+	cmd := exec.Command("kubectl", "kustomize", dir)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", dir, err)
+	}
+	return string(out)
+}
+
+func byKey(objs []*unstructured.Unstructured) map[string]string {
+	m := map[string]string{}
+	for _, o := range objs {
+		labels := o.GetLabels()
+		delete(labels, "helm.sh/chart")
+		delete(labels, "app.kubernetes.io/managed-by")
+		o.SetLabels(labels)
+		b, _ := json.Marshal(o.Object)
+		m[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = string(b)
+	}
+	return m
+}
+
+func TestKustomizeBaseMatchesChart(t *testing.T) {
+	base := renderedObjects(t, kustomize(t, "deploy/kustomize/base"))
+	out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--set", "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := byKey(renderedObjects(t, out))
+	got := byKey(base)
+	if _, ok := got["Namespace//raysync"]; !ok {
+		t.Error("base has no Namespace")
+	}
+	delete(got, "Namespace//raysync")
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s differs between the kustomize base and the chart (regenerate deploy/kustomize/base/raysync.yaml)", k)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("base has %d objects, chart %d", len(got), len(want))
+	}
+}
+
+func TestKustomizeOverlayApplies(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		rendered := kustomize(t, "deploy/kustomize/overlays/example")
+		if !strings.Contains(rendered, "--pull-secret=platform-secrets/regcred") || !strings.Contains(rendered, "--namespaces=ml-team,ml-batch") {
+			t.Fatalf("overlay not applied:\n%.500s", rendered)
+		}
+		env.kubectlApply(rendered)
+		t.Cleanup(func() {
+			env.kubectlDeleteClusterScoped(rendered)
+			_ = exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "delete", "namespace", "raysync", "--wait=false").Run()
+		})
+		if _, err := env.Kube.AppsV1().Deployments("raysync").Get(env.ctx, "raysync", metav1.GetOptions{}); err != nil {
+			t.Fatalf("Deployment not created: %v", err)
+		}
+	})
+}
