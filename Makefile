@@ -3,10 +3,13 @@ SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
 
-.PHONY: build test unit e2e dev-cluster dev-cluster-down demo demo-down clean
+.PHONY: build image test unit e2e dev-cluster dev-cluster-down demo demo-down clean
 
 build: ## build bin/syncer
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/syncer ./cmd/syncer
+
+image: ## docker build of ghcr.io/raysync/syncer:dev (needs a Docker engine)
+	docker build -t ghcr.io/raysync/syncer:dev .
 
 test: ## everything: vet, unit tests, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
 	$(GO) vet ./...

@@ -116,3 +116,27 @@ func TestDashboardQueriesUseRealMetrics(t *testing.T) {
 	}
 	checkPromQL(t, "raysync.json", exprs)
 }
+
+func TestMetricsDocSLIsParse(t *testing.T) {
+	root, _ := framework.RepoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "docs/metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(string(b), "```promql")
+	block, _, _ := strings.Cut(rest, "```")
+	var exprs []string
+	for _, l := range strings.Split(block, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			exprs = append(exprs, l)
+		}
+	}
+	checkPromQL(t, "docs/metrics.md", exprs)
+	// Every metric raysync exports is documented.
+	for _, n := range metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }).Names() {
+		short := strings.TrimPrefix(n, "raysync_workqueue")
+		if !strings.Contains(string(b), n) && !strings.Contains(string(b), short) {
+			t.Errorf("docs/metrics.md does not mention %s", n)
+		}
+	}
+}
