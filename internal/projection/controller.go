@@ -69,7 +69,7 @@ type Controller struct {
 
 	refused       sync.Map // cluster key -> types.UID: last reconcile met a foreign target Secret
 	staleReported sync.Map // types.UID -> [32]byte: StaleToken already reported for this token
-	specReported  sync.Map // types.UID -> int64 generation: InvalidSpec / SourceKeyMismatch reported
+	reported      sync.Map // "cluster key/reason" -> reportedAt: Warning already emitted for this cluster generation
 
 	refusedCopies       sync.Map // "ns/name" of a pull/TLS copy name taken by a foreign Secret
 	templatesApplied    sync.Map // types.UID: raysync's template entries were in place once
@@ -281,6 +281,9 @@ func (c *Controller) forget(key informer.Key) {
 	for _, r := range []string{ReasonPullSecret, ReasonAutoscalerTLS} {
 		c.staleConfigReported.Delete(key.String() + "/" + r)
 	}
+	for _, r := range onceReasons {
+		c.reported.Delete(key.String() + "/" + r)
+	}
 }
 
 // syncToken makes one RayCluster's token target hold the canonical token.
@@ -361,7 +364,7 @@ func (c *Controller) syncToken(ctx context.Context, key informer.Key, rc *unstru
 	case errors.Is(err, errNotOwned):
 		c.refused.Store(key.String(), rc.GetUID())
 		c.metrics.Syncs.WithLabelValues(metrics.ResultRefused).Inc()
-		c.recorder.Eventf(rc, corev1.EventTypeWarning, ReasonTargetNotOwned,
+		c.reportOnce(rc, corev1.EventTypeWarning, ReasonTargetNotOwned,
 			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name)
 		log.Warn("target Secret exists and is not ours: leaving it untouched")
 		return nil
@@ -425,12 +428,23 @@ func (c *Controller) reportStale(rc *unstructured.Unstructured, target *corev1.S
 		len(stale), stale[0].Name, target.Name, syncedAt(target).UTC().Format(time.RFC3339))
 }
 
-// reportOnce emits an Event once per cluster generation (spec problems do not change between resyncs).
+type reportedAt struct {
+	uid        types.UID
+	generation int64
+}
+
+// onceReasons are the Warnings reportOnce emits; forget clears them when a cluster goes.
+var onceReasons = []string{ReasonInvalidSpec, ReasonSourceKeyMismatch, ReasonTargetNotOwned, ReasonTemplatePatchDeferred}
+
+// reportOnce emits an Event once per cluster generation and reason: what it reports does not change
+// between reconciles, and KubeRay's status updates trigger many of those.
 func (c *Controller) reportOnce(rc *unstructured.Unstructured, typ, reason, format string, args ...any) {
-	if prev, ok := c.specReported.Load(rc.GetUID()); ok && prev.(int64) == rc.GetGeneration() {
+	k := rc.GetNamespace() + "/" + rc.GetName() + "/" + reason
+	now := reportedAt{rc.GetUID(), rc.GetGeneration()}
+	if prev, ok := c.reported.Load(k); ok && prev.(reportedAt) == now {
 		return
 	}
-	c.specReported.Store(rc.GetUID(), rc.GetGeneration())
+	c.reported.Store(k, now)
 	c.recorder.Eventf(rc, typ, reason, format, args...)
 }
 

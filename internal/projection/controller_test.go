@@ -544,3 +544,20 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestWarningsAreNotRepeatedEveryReconcile(t *testing.T) {
+	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")},
+		sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}))
+	h.sync(t, "c1")
+	h.sync(t, "c1")
+	h.sync(t, "c1")
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonTargetNotOwned) {
+		t.Fatalf("events = %v, want one TargetNotOwned", ev)
+	}
+	// Gone and back: reported again.
+	h.ctrl.forget(informer.Key{Kind: informer.ClusterKey, Namespace: ns, Name: "c1"})
+	h.sync(t, "c1")
+	if ev := h.events(); len(ev) != 1 {
+		t.Fatalf("after forget: events = %v", ev)
+	}
+}

@@ -152,7 +152,7 @@ func (c *Controller) ensureCopy(ctx context.Context, rc *unstructured.Unstructur
 		if write {
 			c.refusedCopies.Store(ns+"/"+src.Name, struct{}{})
 			c.metrics.Syncs.WithLabelValues(metrics.ResultRefused).Inc()
-			c.recorder.Eventf(rc, corev1.EventTypeWarning, ReasonTargetNotOwned,
+			c.reportOnce(rc, corev1.EventTypeWarning, ReasonTargetNotOwned,
 				"Secret %s already exists and is not managed by raysync; not copying %s into it and not using it", src.Name, srcName)
 		}
 		return false, nil
