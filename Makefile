@@ -3,7 +3,9 @@ SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
 
-.PHONY: build image test unit e2e dev-cluster dev-cluster-down demo demo-down clean
+.PHONY: build image test unit fuzz e2e dev-cluster dev-cluster-down demo demo-down clean
+FUZZTIME ?= 60s
+FUZZ_PACKAGES := ./internal/kuberay ./internal/projection ./cmd/syncer
 
 build: ## build bin/syncer
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/syncer ./cmd/syncer
@@ -11,9 +13,18 @@ build: ## build bin/syncer
 image: ## docker build of ghcr.io/raysync/syncer:dev (needs a Docker engine)
 	docker build -t ghcr.io/raysync/syncer:dev .
 
-test: ## everything: vet, unit tests, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
+test: ## everything: vet, unit tests, each fuzz target for 3s, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
 	$(GO) vet ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 	$(GO) test -count=1 -timeout 80m ./...
+
+fuzz: ## run every fuzz target for FUZZTIME (default 60s) each
+	@set -e; for pkg in $(FUZZ_PACKAGES); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg > /dev/null || { $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 1x $$pkg; exit 1; }; \
+	  done; \
+	done
 
 unit: ## unit tests only (seconds)
 	$(GO) test -count=1 -short ./...
