@@ -172,6 +172,23 @@ func (s *Syncer) Stop() {
 	}
 }
 
+// Kill sends SIGKILL (a crash: no lease release, no cleanup) and waits for exit.
+func (s *Syncer) Kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Ready reports whether /readyz answers 200.
+func (s *Syncer) Ready() bool {
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(s.ProbeURL + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
 // Output is everything raysync logged so far.
 func (s *Syncer) Output() string { return s.out.String() }
 

@@ -162,9 +162,16 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		}
 		_, _ = w.Write([]byte("ok"))
 	})
-	probes.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	probes.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !caches.HasSynced() {
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
+			return
+		}
+		// Watches cannot make progress while the API server is unreachable: say so.
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if _, err := kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+			http.Error(w, "API server unreachable", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok"))

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -225,6 +226,43 @@ func (c *ControlPlane) Stop() error {
 	return err
 }
 
+// StopAPIServer stops kube-apiserver (etcd and the rest keep running); StartAPIServer starts it again
+// on the same port with the same flags and waits until it is ready. Fault tests use the pair.
+func (c *ControlPlane) StopAPIServer() error {
+	p := c.proc("kube-apiserver")
+	if p == nil {
+		return errors.New("no kube-apiserver process (external cluster?)")
+	}
+	// kube-apiserver's graceful shutdown can take 30 s with open watches; 10 s then SIGKILL.
+	return p.stop(10 * time.Second)
+}
+
+func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
+	old := c.proc("kube-apiserver")
+	if old == nil {
+		return errors.New("no kube-apiserver process (external cluster?)")
+	}
+	p, err := startProcess(c.Dir, old.name, old.path, old.args, false)
+	if err != nil {
+		return err
+	}
+	for i, q := range c.procs {
+		if q == old {
+			c.procs[i] = p
+		}
+	}
+	return c.waitAPIServer(ctx, 90*time.Second)
+}
+
+func (c *ControlPlane) proc(name string) *process {
+	for _, p := range c.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	return nil
+}
+
 // Running reports whether any process of this control plane is still alive.
 func (c *ControlPlane) Running() []string {
 	var names []string
@@ -237,7 +275,7 @@ func (c *ControlPlane) Running() []string {
 }
 
 func (c *ControlPlane) waitAPIServer(ctx context.Context, timeout time.Duration) error {
-	return poll(ctx, c.procs[1], timeout, func(ctx context.Context) (bool, error) {
+	return poll(ctx, c.proc("kube-apiserver"), timeout, func(ctx context.Context) (bool, error) {
 		body, err := c.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok", nil
 	})

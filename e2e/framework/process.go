@@ -19,6 +19,7 @@ type process struct {
 	name string
 	path string
 	dir  string // holds <name>.log
+	args []string
 	pid  int
 	done chan struct{} // closed when the process exits (only for children still owned by us)
 }
@@ -41,7 +42,7 @@ func startProcess(dir, name, path string, args []string, detached bool) (*proces
 	if err := spawn(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, path: path, dir: dir, pid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &process{name: name, path: path, dir: dir, args: args, pid: cmd.Process.Pid, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	return p, nil
 }
