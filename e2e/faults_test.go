@@ -2,8 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 )
 
 // TestAPIServerRestart: raysync survives kube-apiserver going away and coming back on the same
@@ -124,6 +130,163 @@ func TestLeaderFailover(t *testing.T) {
 		t.Logf("MEASURE leader-failover kuberay=%s failover_ms=%d work_done_ms=%d", env.KubeRayVersion, failover.Milliseconds(), time.Since(killed).Milliseconds())
 		if failover > 30*time.Second {
 			t.Errorf("failover took %s with default lease settings, want < 30s", failover)
+		}
+	})
+}
+
+// TestKillMidRotation: kill -9 raysync while it rotates 200 clusters, start it again: every target
+// converges to the new token, and no target ever holds anything but the old or the new token.
+func TestKillMidRotation(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ns := env.Namespace()
+		oldToken, newToken := env.NewToken(), env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(oldToken))
+		args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}
+		s := env.StartSyncer(args...)
+		const n = 200
+		noWorkers := func(spec map[string]any) { spec["workerGroupSpecs"] = []any{} }
+		for i := range n {
+			env.CreateRayCluster(rayCluster(ns, fmt.Sprintf("k%03d", i), noWorkers))
+		}
+		for i := range n {
+			env.WaitSecret(ns, fmt.Sprintf("k%03d", i), 60*time.Second, holds(oldToken))
+		}
+		bad := env.watchValues(ns, oldToken, newToken)
+
+		env.PutSource(ns, "ray-token", tokenData(newToken))
+		time.Sleep(30 * time.Millisecond) // some targets written, most not
+		s.Kill()
+		restarted := time.Now()
+		env.StartSyncer(args...)
+		for i := range n {
+			env.WaitSecret(ns, fmt.Sprintf("k%03d", i), 60*time.Second, holds(newToken))
+		}
+		t.Logf("MEASURE kill-mid-rotation kuberay=%s clusters=%d converged_after_restart_ms=%d", env.KubeRayVersion, n, time.Since(restarted).Milliseconds())
+		if v := bad(); v > 0 {
+			t.Errorf("%d target writes held neither the old nor the new token", v)
+		}
+	})
+}
+
+// watchValues counts target Secret versions in ns whose token is neither a nor b, until the test ends.
+func (e *Env) watchValues(ns, a, b string) func() int {
+	e.t.Helper()
+	w, err := e.Kube.CoreV1().Secrets(ns).Watch(e.ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster", ResourceVersion: e.secretListRV(ns)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var mu sync.Mutex
+	bad := 0
+	go func() {
+		for ev := range w.ResultChan() {
+			if s, ok := ev.Object.(*corev1.Secret); ok && ev.Type != watch.Deleted {
+				if v := string(s.Data["auth_token"]); v != a && v != b {
+					mu.Lock()
+					bad++
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	e.t.Cleanup(w.Stop)
+	return func() int { mu.Lock(); defer mu.Unlock(); return bad }
+}
+
+// TestFightingWriter: another writer resets a target every 100 ms for 30 s; raysync restores it
+// each time with a bounded request rate, and the target ends on the canonical token.
+func TestFightingWriter(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ns := env.Namespace()
+		token := env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(token))
+		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		env.CreateRayCluster(rayCluster(ns, "contested"))
+		env.WaitSecret(ns, "contested", 30*time.Second, holds(token))
+		requests := func() float64 {
+			var sum float64
+			for _, m := range s.Metrics()["raysync_rest_client_requests_total"].GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+			return sum
+		}
+		before := requests()
+		start := time.Now()
+		other := env.Secret("the-other-writer-token")
+		fights, restored := 0, 0
+		for time.Since(start) < 30*time.Second {
+			cur, err := env.Kube.CoreV1().Secrets(ns).Get(env.ctx, "contested", metav1.GetOptions{})
+			if err == nil {
+				if string(cur.Data["auth_token"]) == token {
+					restored++
+				}
+				cur.Data["auth_token"] = []byte(other)
+				if _, err := env.Kube.CoreV1().Secrets(ns).Update(env.ctx, cur, metav1.UpdateOptions{}); err == nil {
+					fights++
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		rate := (requests() - before) / time.Since(start).Seconds()
+		env.WaitSecret(ns, "contested", 10*time.Second, holds(token))
+		t.Logf("MEASURE fighting-writer kuberay=%s resets=%d found_restored=%d raysync_requests_per_s=%.1f", env.KubeRayVersion, fights, restored, rate)
+		if restored < fights/2 {
+			t.Errorf("raysync restored the target before only %d of %d resets", restored, fights)
+		}
+		if rate > 5*float64(fights)/30 {
+			t.Errorf("raysync made %.1f requests/s against %d resets in 30 s: not bounded by the fight", rate, fights)
+		}
+	})
+}
+
+// TestTargetsDeletedAndClustersGoing: a deleted target is repaired; clusters and a whole namespace
+// deleted under raysync cause no error loop, and their metric series disappear.
+func TestTargetsDeletedAndClustersGoing(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ns := env.Namespace()
+		doomed := env.Namespace()
+		token := env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(token))
+		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns+","+doomed)
+		env.CreateRayCluster(rayCluster(ns, "repaired"))
+		env.WaitSecret(ns, "repaired", 30*time.Second, holds(token))
+
+		// The target is deleted (KubeRay then recreates it with a random token, unless raysync is first).
+		if err := env.Kube.CoreV1().Secrets(ns).Delete(env.ctx, "repaired", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		env.WaitSecret(ns, "repaired", 30*time.Second, holds(token))
+
+		// Clusters deleted right after creation, mid-reconcile.
+		for i := range 5 {
+			name := fmt.Sprintf("brief-%d", i)
+			env.CreateRayCluster(rayCluster(ns, name))
+			env.DeleteRayCluster(ns, name)
+		}
+		// A namespace deleted with clusters in it.
+		env.CreateRayCluster(rayCluster(doomed, "a"))
+		env.CreateRayCluster(rayCluster(doomed, "b"))
+		env.WaitSecret(doomed, "a", 30*time.Second, holds(token))
+		env.WaitSecret(doomed, "b", 30*time.Second, holds(token))
+		if err := env.Kube.CoreV1().Namespaces().Delete(env.ctx, doomed, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			_, found := s.Metric("raysync_target_in_sync", map[string]string{"namespace": doomed})
+			if !found {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("series of the deleted namespace never disappeared")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		time.Sleep(3 * time.Second)
+		if v, _ := s.Metric("raysync_sync_total", map[string]string{"result": "error"}); v > 5 {
+			t.Errorf("raysync_sync_total{result=error} = %v: an error loop", v)
+		}
+		if n := strings.Count(s.Output(), "reconcile failed"); n > 10 {
+			t.Errorf("%d failed reconciles logged: an error loop", n)
 		}
 	})
 }

@@ -78,6 +78,7 @@ func newLogger(cfg *config) (*zap.Logger, error) {
 	zc.EncoderConfig.EncodeTime = zapcore.RFC3339NanoTimeEncoder
 	zc.Level = zap.NewAtomicLevelAt(cfg.logLevel)
 	zc.Sampling = nil
+	zc.DisableStacktrace = true // errors carry their context; stack traces only bury it
 	return zc.Build()
 }
 

@@ -331,6 +331,9 @@ func (c *Controller) syncToken(ctx context.Context, key informer.Key, rc *unstru
 		case err == nil:
 			c.written(rc, log, metrics.ResultCreated, ReasonTokenProjected, "created")
 			return nil
+		case namespaceTerminating(err):
+			log.Debug("namespace is being deleted: nothing to project")
+			return nil
 		case !apierrors.IsAlreadyExists(err):
 			c.metrics.Syncs.WithLabelValues(metrics.ResultError).Inc()
 			return fmt.Errorf("create token Secret %s/%s: %w", t.Namespace, t.Name, err)
@@ -387,6 +390,11 @@ func (c *Controller) syncToken(ctx context.Context, key informer.Key, rc *unstru
 }
 
 var errNotOwned = errors.New("target not owned")
+
+// namespaceTerminating: the namespace is being deleted, with everything in it; retrying is pointless.
+func namespaceTerminating(err error) bool {
+	return apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause)
+}
 
 // written accounts for a successful target write.
 func (c *Controller) written(rc *unstructured.Unstructured, log *zap.Logger, result, reason, verb string) {

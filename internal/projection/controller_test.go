@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -559,5 +560,18 @@ func TestWarningsAreNotRepeatedEveryReconcile(t *testing.T) {
 	h.sync(t, "c1")
 	if ev := h.events(); len(ev) != 1 {
 		t.Fatalf("after forget: events = %v", ev)
+	}
+}
+
+func TestTerminatingNamespaceIsNotAnError(t *testing.T) {
+	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")}, sourceSecret(token))
+	h.kube.PrependReactor("create", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+		err := apierrors.NewForbidden(corev1.Resource("secrets"), "c1", fmt.Errorf("unable to create new content in namespace %s because it is being terminated", ns))
+		err.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: corev1.NamespaceTerminatingCause}}
+		return true, nil, err
+	})
+	h.sync(t, "c1") // fails the test if syncCluster returns an error (which would requeue with backoff)
+	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(metrics.ResultError)); v != 0 {
+		t.Errorf("counted as error: %v", v)
 	}
 }

@@ -140,6 +140,9 @@ func (c *Controller) ensureCopy(ctx context.Context, rc *unstructured.Unstructur
 			c.log.Info("managed copy created", zap.String("namespace", ns), zap.String("secret", src.Name), zap.String("source", srcName.String()))
 			return true, nil
 		}
+		if namespaceTerminating(err) {
+			return false, nil
+		}
 		if !apierrors.IsAlreadyExists(err) {
 			c.metrics.Syncs.WithLabelValues(metrics.ResultError).Inc()
 			return false, fmt.Errorf("create copy %s/%s: %w", ns, src.Name, err)
