@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -287,6 +288,39 @@ func TestTargetsDeletedAndClustersGoing(t *testing.T) {
 		}
 		if n := strings.Count(s.Output(), "reconcile failed"); n > 10 {
 			t.Errorf("%d failed reconciles logged: an error loop", n)
+		}
+	})
+}
+
+// TestTenancy: whatever a RayCluster's author writes, raysync only ever copies the configured source's
+// token into the cluster's namespace, never another Secret.
+func TestTenancy(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		if !env.SupportsSecretName() {
+			t.Skip("authOptions.secretName needs KubeRay v1.6+")
+		}
+		srcNS, tenant, other := env.Namespace(), env.Namespace(), env.Namespace()
+		token := env.NewToken()
+		env.PutSource(srcNS, "ray-token", tokenData(token))
+		otherValue := env.NewToken()
+		env.PutSource(other, "db-password", tokenData(otherValue))
+		env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+tenant)
+		// secretName naming another namespace's Secret, the source's own name, and annotations
+		// pretending to name another source.
+		env.CreateRayCluster(rayCluster(tenant, "steal", withSecretName("db-password"),
+			withLabels(map[string]string{"raysync.dev/managed-by": "raysync"}),
+			func(u *unstructured.Unstructured) {
+				u.SetAnnotations(map[string]string{"raysync.dev/source": other + "/db-password", "raysync.dev/kind": "auth-token"})
+			}))
+		env.CreateRayCluster(rayCluster(tenant, "samename", withSecretName("ray-token")))
+		for _, n := range []string{"db-password", "ray-token"} {
+			s := env.WaitSecret(tenant, n, 30*time.Second, nil)
+			if string(s.Data["auth_token"]) != token || len(s.Data) != 1 {
+				t.Errorf("copy %s/%s holds something other than the canonical token", tenant, n)
+			}
+		}
+		if s, err := env.Kube.CoreV1().Secrets(other).Get(env.ctx, "db-password", metav1.GetOptions{}); err != nil || string(s.Data["auth_token"]) != otherValue {
+			t.Errorf("the other namespace's Secret changed: %v", err)
 		}
 	})
 }

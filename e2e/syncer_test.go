@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -124,12 +125,24 @@ func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
 	}
 	go func() { _ = s.cmd.Wait(); close(s.done) }()
 	e.t.Cleanup(func() {
+		// Scan what raysync exposes besides its logs: every metric line, and every Event in the cluster.
+		var exposed strings.Builder
+		if resp, err := http.Get(s.MetricsURL); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			exposed.Write(b)
+		}
+		if evs, err := e.Kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{}); err == nil {
+			for _, ev := range evs.Items {
+				exposed.WriteString(ev.Message + "\n")
+			}
+		}
 		s.Stop()
-		out := s.out.String()
+		out := s.out.String() + exposed.String()
 		for _, v := range e.secrets {
 			for _, form := range []string{v, base64.StdEncoding.EncodeToString([]byte(v))} {
 				if len(form) >= 8 && strings.Contains(out, form) {
-					e.t.Errorf("raysync's output contains a secret value (or its base64 form)")
+					e.t.Errorf("raysync's output, metrics or Events contain a secret value (or its base64 form)")
 				}
 			}
 		}
