@@ -248,3 +248,50 @@ func (e *Env) serviceAccountKubeconfig(ns, name string) (string, kubernetes.Inte
 	}
 	return path, client
 }
+
+// TestOwnerReferencesPermissionEnforcement: on an API server with the OwnerReferencesPermissionEnforcement
+// admission plugin (as OpenShift and other hardened distributions run), the Secrets raysync pre-creates,
+// with a blockOwnerDeletion ownerReference to the RayCluster, are accepted under the chart's RBAC.
+func TestOwnerReferencesPermissionEnforcement(t *testing.T) {
+	if len(controlPlanes) == 0 || controlPlanes[0].External {
+		t.Skip("starts a control plane of its own")
+	}
+	cp, err := framework.Start(context.Background(), framework.Options{KubeRayVersion: "v1.6.1", Logf: t.Logf,
+		ExtraAPIServerArgs: []string{"--enable-admission-plugins=OwnerReferencesPermissionEnforcement"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Stop() })
+	env := newEnv(t, cp)
+	rel, ns := env.Namespace(), env.Namespace()
+	token := env.NewToken()
+	env.PutSource(rel, "ray-token", tokenData(token))
+	release := "rs-" + rel
+	out, err := helm(t, "template", release, chart, "--namespace", rel, "--set",
+		"authSource.namespace="+rel+",authSource.name=ray-token,namespaces={"+ns+"},rbac.scope=namespaces")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	env.kubectlApply(out)
+	kubeconfig, _ := env.serviceAccountKubeconfig(rel, release+"-raysync")
+	s := env.StartSyncerAs(kubeconfig, "--auth-source="+rel+"/ray-token", "--namespaces="+ns, "--leader-elect=false")
+	byRaysync := 0
+	for i := range 5 {
+		name := fmt.Sprintf("owned-%d", i)
+		env.CreateRayCluster(rayCluster(ns, name))
+		sec := env.WaitSecret(ns, name, 30*time.Second, holds(token))
+		if len(sec.ManagedFields) > 0 && sec.ManagedFields[0].Manager == "raysync" {
+			byRaysync++
+			if o := metav1.GetControllerOf(sec); o == nil || o.BlockOwnerDeletion == nil || !*o.BlockOwnerDeletion {
+				t.Errorf("%s: pre-created without a blockOwnerDeletion controller reference", name)
+			}
+		}
+	}
+	if byRaysync == 0 {
+		t.Fatal("KubeRay created every Secret first; nothing proved about raysync's ownerReferences")
+	}
+	if strings.Contains(s.Output(), "forbidden") {
+		t.Errorf("admission refused raysync:\n%s", lastLines(s.Output(), 10))
+	}
+	t.Logf("raysync pre-created %d of 5 Secrets under OwnerReferencesPermissionEnforcement", byRaysync)
+}
