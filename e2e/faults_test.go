@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -322,5 +323,46 @@ func TestTenancy(t *testing.T) {
 		if s, err := env.Kube.CoreV1().Secrets(other).Get(env.ctx, "db-password", metav1.GetOptions{}); err != nil || string(s.Data["auth_token"]) != otherValue {
 			t.Errorf("the other namespace's Secret changed: %v", err)
 		}
+	})
+}
+
+// TestSoakBurstWhileRotating (make soak): 1,000 clusters created in one burst while the source
+// rotates three times; all end on the newest token.
+func TestSoakBurstWhileRotating(t *testing.T) {
+	if os.Getenv("RAYSYNC_SOAK") == "" {
+		t.Skip("long: run with make soak")
+	}
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ns := env.Namespace()
+		env.PutSource(ns, "ray-token", tokenData(env.NewToken()))
+		env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		const n = 1000
+		noWorkers := func(spec map[string]any) { spec["workerGroupSpecs"] = []any{} }
+		start := time.Now()
+		var latest string
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < n; i += 8 {
+					if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Create(env.ctx, rayCluster(ns, fmt.Sprintf("b%04d", i), noWorkers), metav1.CreateOptions{}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		for range 3 {
+			time.Sleep(500 * time.Millisecond)
+			latest = env.NewToken()
+			env.PutSource(ns, "ray-token", tokenData(latest))
+		}
+		wg.Wait()
+		created := time.Since(start)
+		for i := range n {
+			env.WaitSecret(ns, fmt.Sprintf("b%04d", i), 5*time.Minute, holds(latest))
+		}
+		t.Logf("MEASURE burst-while-rotating kuberay=%s clusters=%d created_in_ms=%d all_on_newest_token_ms=%d", env.KubeRayVersion, n, created.Milliseconds(), time.Since(start).Milliseconds())
 	})
 }
