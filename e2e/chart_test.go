@@ -295,3 +295,39 @@ func TestOwnerReferencesPermissionEnforcement(t *testing.T) {
 	}
 	t.Logf("raysync pre-created %d of 5 Secrets under OwnerReferencesPermissionEnforcement", byRaysync)
 }
+
+// StartSyncerUnderChart runs raysync as the ServiceAccount of the chart rendered for these flags
+// (namespaced RBAC, the strictest mode) instead of as admin. Leader election uses the release namespace.
+func (e *Env) StartSyncerUnderChart(args ...string) *Syncer {
+	e.t.Helper()
+	var authSource, namespaces string
+	var pulls, rest []string
+	for _, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--auth-source="):
+			authSource = strings.TrimPrefix(a, "--auth-source=")
+		case strings.HasPrefix(a, "--namespaces="):
+			namespaces = strings.TrimPrefix(a, "--namespaces=")
+		case strings.HasPrefix(a, "--pull-secret="):
+			pulls = append(pulls, strings.TrimPrefix(a, "--pull-secret="))
+		case strings.HasPrefix(a, "--leader-election-namespace="):
+			continue
+		}
+		rest = append(rest, a)
+	}
+	srcNS, srcName, _ := strings.Cut(authSource, "/")
+	rel := e.Namespace()
+	release := "rs-" + rel
+	set := []string{"authSource.namespace=" + srcNS, "authSource.name=" + srcName, "namespaces={" + namespaces + "}", "rbac.scope=namespaces"}
+	if len(pulls) > 0 {
+		set = append(set, "pullSecrets={"+strings.Join(pulls, ",")+"}")
+	}
+	out, err := helm(e.t, "template", release, chart, "--namespace", rel, "--set", strings.Join(set, ","))
+	if err != nil {
+		e.t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	e.kubectlApply(out)
+	kubeconfig, _ := e.serviceAccountKubeconfig(rel, release+"-raysync")
+	e.lastKubeconfig, e.lastRelease = kubeconfig, rel
+	return e.StartSyncerAs(kubeconfig, append(rest, "--leader-election-namespace="+rel)...)
+}

@@ -33,6 +33,9 @@ type Env struct {
 	ctx context.Context
 	// secrets are values that must never appear in raysync's output (see Secret).
 	secrets []string
+	// lastKubeconfig and lastRelease: the ServiceAccount kubeconfig and release namespace of the last
+	// StartSyncerUnderChart, to start more replicas under the same RBAC.
+	lastKubeconfig, lastRelease string
 }
 
 func newEnv(t *testing.T, cp *framework.ControlPlane) *Env {

@@ -24,7 +24,7 @@ func TestAPIServerRestart(t *testing.T) {
 		ns := env.Namespace()
 		token := env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(token))
-		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "survivor"))
 		env.WaitSecret(ns, "survivor", 30*time.Second, holds(token))
 
@@ -78,7 +78,8 @@ func TestLeaderFailover(t *testing.T) {
 		token := env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(token))
 		args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns, "--leader-elect=true", "--leader-election-namespace=" + ns}
-		a, b := env.StartSyncer(args...), env.StartSyncer(args...)
+		a := env.StartSyncerUnderChart(args...)
+		b := env.StartSyncerAs(env.lastKubeconfig, append(args, "--leader-election-namespace="+env.lastRelease)...)
 		var leader, standby *Syncer
 		deadline := time.Now().Add(30 * time.Second)
 		for leader == nil {
@@ -144,7 +145,7 @@ func TestKillMidRotation(t *testing.T) {
 		oldToken, newToken := env.NewToken(), env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(oldToken))
 		args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}
-		s := env.StartSyncer(args...)
+		s := env.StartSyncerUnderChart(args...)
 		const n = 200
 		noWorkers := func(spec map[string]any) { spec["workerGroupSpecs"] = []any{} }
 		for i := range n {
@@ -159,7 +160,7 @@ func TestKillMidRotation(t *testing.T) {
 		time.Sleep(30 * time.Millisecond) // some targets written, most not
 		s.Kill()
 		restarted := time.Now()
-		env.StartSyncer(args...)
+		env.StartSyncerAs(env.lastKubeconfig, append(args, "--leader-election-namespace="+env.lastRelease)...)
 		for i := range n {
 			env.WaitSecret(ns, fmt.Sprintf("k%03d", i), 60*time.Second, holds(newToken))
 		}
@@ -201,7 +202,7 @@ func TestFightingWriter(t *testing.T) {
 		ns := env.Namespace()
 		token := env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(token))
-		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "contested"))
 		env.WaitSecret(ns, "contested", 30*time.Second, holds(token))
 		requests := func() float64 {
@@ -248,7 +249,7 @@ func TestTargetsDeletedAndClustersGoing(t *testing.T) {
 		doomed := env.Namespace()
 		token := env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(token))
-		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns+","+doomed)
+		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns+","+doomed)
 		env.CreateRayCluster(rayCluster(ns, "repaired"))
 		env.WaitSecret(ns, "repaired", 30*time.Second, holds(token))
 
@@ -305,7 +306,7 @@ func TestTenancy(t *testing.T) {
 		env.PutSource(srcNS, "ray-token", tokenData(token))
 		otherValue := env.NewToken()
 		env.PutSource(other, "db-password", tokenData(otherValue))
-		env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+tenant)
+		env.StartSyncerUnderChart("--auth-source="+srcNS+"/ray-token", "--namespaces="+tenant)
 		// secretName naming another namespace's Secret, the source's own name, and annotations
 		// pretending to name another source.
 		env.CreateRayCluster(rayCluster(tenant, "steal", withSecretName("db-password"),
@@ -364,5 +365,50 @@ func TestSoakBurstWhileRotating(t *testing.T) {
 			env.WaitSecret(ns, fmt.Sprintf("b%04d", i), 5*time.Minute, holds(latest))
 		}
 		t.Logf("MEASURE burst-while-rotating kuberay=%s clusters=%d created_in_ms=%d all_on_newest_token_ms=%d", env.KubeRayVersion, n, created.Milliseconds(), time.Since(start).Milliseconds())
+	})
+}
+
+// TestLostLeaseStopsAtOnce: when another identity takes the Lease, the leader exits instead of
+// writing on (its renewal finds a foreign holder).
+func TestLostLeaseStopsAtOnce(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ns := env.Namespace()
+		env.PutSource(ns, "ray-token", tokenData(env.NewToken()))
+		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns, "--leader-elect=true")
+		rel := env.lastRelease
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if v, _ := s.Metric("raysync_leader", nil); v == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("never became leader")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		// Someone else takes the Lease (as a partitioned leader would find after the lease ran out).
+		if err := retryOnConflict(env, func() error {
+			l, err := env.Kube.CoordinationV1().Leases(rel).Get(env.ctx, "raysync", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			intruder := "intruder"
+			now := metav1.NewMicroTime(time.Now())
+			l.Spec.HolderIdentity, l.Spec.RenewTime, l.Spec.AcquireTime = &intruder, &now, &now
+			_, err = env.Kube.CoordinationV1().Leases(rel).Update(env.ctx, l, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		taken := time.Now()
+		select {
+		case <-s.done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("leader kept running after losing its Lease")
+		}
+		t.Logf("MEASURE lost-lease kuberay=%s exited_after_ms=%d", env.KubeRayVersion, time.Since(taken).Milliseconds())
+		if code := s.cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(s.Output(), "lost leadership") {
+			t.Errorf("exit code %d; want non-zero with \"lost leadership\" logged", code)
+		}
 	})
 }
