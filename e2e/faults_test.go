@@ -376,16 +376,7 @@ func TestLostLeaseStopsAtOnce(t *testing.T) {
 		env.PutSource(ns, "ray-token", tokenData(env.NewToken()))
 		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns, "--leader-elect=true")
 		rel := env.lastRelease
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			if v, _ := s.Metric("raysync_leader", nil); v == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("never became leader")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		s.WaitMetric("raysync_leader", nil, 1, 30*time.Second)
 		// Someone else takes the Lease (as a partitioned leader would find after the lease ran out).
 		if err := retryOnConflict(env, func() error {
 			l, err := env.Kube.CoordinationV1().Leases(rel).Get(env.ctx, "raysync", metav1.GetOptions{})

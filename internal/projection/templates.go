@@ -75,7 +75,7 @@ func desiredTemplates(rc *unstructured.Unstructured, cfg TemplateConfig) (*unstr
 	out := rc.DeepCopy()
 	changed := false
 	var podSpecs []map[string]any
-	head, err := podSpecAt(out.Object, "spec", "headGroupSpec", "template", "spec")
+	head, err := objectAt(out.Object, "spec", "headGroupSpec", "template", "spec")
 	if err != nil {
 		return nil, false, err
 	}
@@ -94,7 +94,7 @@ func desiredTemplates(rc *unstructured.Unstructured, cfg TemplateConfig) (*unstr
 			if !ok {
 				return nil, false, fmt.Errorf("spec.workerGroupSpecs[%d] is not an object", i)
 			}
-			ps, err := podSpecAt(wm, "template", "spec")
+			ps, err := objectAt(wm, "template", "spec")
 			if err != nil {
 				return nil, false, fmt.Errorf("spec.workerGroupSpecs[%d].%w", i, err)
 			}
@@ -182,11 +182,7 @@ func ensureNamedEntry(obj map[string]any, field, name string, want map[string]an
 	return true, nil
 }
 
-// podSpecAt returns the object at path, creating empty objects along the way.
-func podSpecAt(obj map[string]any, fields ...string) (map[string]any, error) {
-	return objectAt(obj, fields...)
-}
-
+// objectAt returns the object at path, creating empty objects along the way.
 func objectAt(obj map[string]any, fields ...string) (map[string]any, error) {
 	cur := obj
 	for i, f := range fields {
