@@ -127,7 +127,7 @@ func newPodHarness(t *testing.T, rc *unstructured.Unstructured, pods PodOptions,
 	return newHarnessWith(t, Options{Source: source, Prune: true, Pods: pods}, clusters, objs...)
 }
 
-func newHarnessWith(t *testing.T, opts Options, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
+func newHarnessWith(t testing.TB, opts Options, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
 	t.Helper()
 	kube := fake.NewClientset(objs...)
 	scheme := runtime.NewScheme()
