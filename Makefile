@@ -3,7 +3,7 @@ SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
 
-.PHONY: build image test unit fuzz soak e2e dev-cluster dev-cluster-down demo demo-down clean
+.PHONY: build image test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean
 FUZZTIME ?= 60s
 FUZZ_PACKAGES := ./internal/kuberay ./internal/projection ./cmd/syncer
 
@@ -31,6 +31,9 @@ unit: ## unit tests only (seconds)
 
 e2e: ## e2e tests only; E2E_KUBECONFIG=<path> runs them against an existing cluster instead
 	$(GO) test -count=1 -timeout 80m -v ./e2e/...
+
+bench: ## rotation fan-out vs a minimal client, idle cost, memory (prints a table, writes bench/results/latest.json)
+	$(GO) run ./bench
 
 soak: ## long e2e variants (1,000 clusters created in a burst while rotating)
 	RAYSYNC_SOAK=1 $(GO) test -count=1 -timeout 60m -v -run 'TestSoak' ./e2e/...

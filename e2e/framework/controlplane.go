@@ -35,6 +35,8 @@ type Options struct {
 	Detached bool
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+	// NoOperator installs KubeRay's CRDs but starts no operator (benchmarks that create clusters themselves).
+	NoOperator bool
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -168,6 +170,9 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 
 	if err := InstallCRDs(ctx, cp.Dynamic, bins.KubeRayCRDs); err != nil {
 		return cp, err
+	}
+	if o.NoOperator {
+		return cp, nil
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
 	if err := start("kuberay-operator", bins.KubeRay, "--kubeconfig="+cp.Kubeconfig, "--enable-leader-election=false",

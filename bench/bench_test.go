@@ -1,0 +1,42 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestSmoke runs the bench at tiny sizes (make test), so it keeps compiling and working, and checks
+// the invariants every run must show: one write per target, no writes while idle.
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane")
+	}
+	out := filepath.Join(t.TempDir(), "smoke.json")
+	cmd := exec.Command("go", "run", ".", "-smoke", "-out", out)
+	cmd.Stderr = os.Stderr
+	if b, err := cmd.Output(); err != nil {
+		t.Fatalf("bench -smoke: %v\n%s", err, b)
+	} else {
+		t.Logf("%s", b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Rotation) != 1 || r.Rotation[0].Writes != r.Rotation[0].N || r.Rotation[0].LastMs <= 0 {
+		t.Errorf("rotation: %+v (want exactly one write per target)", r.Rotation)
+	}
+	if r.Idle == nil || r.Idle.Writes != 0 {
+		t.Errorf("idle: %+v (want no writes)", r.Idle)
+	}
+	if len(r.Memory) != 2 || r.Memory[0].PeakRSSMi <= 0 {
+		t.Errorf("memory: %+v", r.Memory)
+	}
+}
