@@ -138,7 +138,8 @@ func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
 			}
 		}
 		s.Stop()
-		out := s.out.String() + exposed.String()
+		logs := s.out.String()
+		out := logs + exposed.String()
 		for _, v := range e.secrets {
 			for _, form := range []string{v, base64.StdEncoding.EncodeToString([]byte(v))} {
 				if len(form) >= 8 && strings.Contains(out, form) {
@@ -147,7 +148,7 @@ func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
 			}
 		}
 		if e.t.Failed() {
-			e.t.Logf("raysync output (last 40 lines):\n%s", lastLines(out, 40))
+			e.t.Logf("raysync output (last 40 lines):\n%s", lastLines(logs, 40))
 		}
 	})
 	err = wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {

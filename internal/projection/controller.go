@@ -339,7 +339,9 @@ func (c *Controller) syncToken(ctx context.Context, key informer.Key, rc *unstru
 			return fmt.Errorf("create token Secret %s/%s: %w", t.Namespace, t.Name, err)
 		}
 		// Not in our cache: KubeRay was faster (and our watch lags), or a Secret we do not own.
-		if current, err = c.writer.get(ctx, t.Namespace, t.Name); err != nil {
+		if current, err = c.writer.get(ctx, t.Namespace, t.Name); apierrors.IsNotFound(err) {
+			return nil // deleted meanwhile (its cluster is going); the delete event brings us back if not
+		} else if err != nil {
 			return fmt.Errorf("get token Secret %s/%s: %w", t.Namespace, t.Name, err)
 		}
 	}
@@ -364,6 +366,11 @@ func (c *Controller) syncToken(ctx context.Context, key informer.Key, rc *unstru
 		return err
 	})
 	switch {
+	case apierrors.IsNotFound(err) || namespaceTerminating(err):
+		// The target vanished under us (its cluster or namespace is being deleted). Not an error:
+		// the Secret's delete event re-enqueues the cluster if it is still there.
+		log.Debug("target disappeared during the reconcile")
+		return nil
 	case errors.Is(err, errNotOwned):
 		c.refused.Store(key.String(), rc.GetUID())
 		c.metrics.Syncs.WithLabelValues(metrics.ResultRefused).Inc()

@@ -575,3 +575,15 @@ func TestTerminatingNamespaceIsNotAnError(t *testing.T) {
 		t.Errorf("counted as error: %v", v)
 	}
 }
+
+func TestTargetVanishingMidReconcileIsNotAnError(t *testing.T) {
+	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")},
+		sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1")))
+	h.kube.PrependReactor("update", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(corev1.Resource("secrets"), "c1")
+	})
+	h.sync(t, "c1") // fails the test if syncCluster returns an error
+	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(metrics.ResultError)); v != 0 {
+		t.Errorf("counted as error: %v", v)
+	}
+}
