@@ -39,4 +39,22 @@ func TestSmoke(t *testing.T) {
 	if len(r.Memory) != 2 || r.Memory[0].PeakRSSMi <= 0 {
 		t.Errorf("memory: %+v", r.Memory)
 	}
+	if x := r.Race; x == nil || x.RaysyncFirst+x.KubeRayFirst != x.Clusters || x.Clusters == 0 {
+		t.Errorf("race: %+v (want every cluster's Secret created by raysync or KubeRay and measured)", x)
+	}
+	e := r.ESO
+	if e == nil || len(e.Rotation) != 3 || len(e.Idle) != 2 || e.Memory.PeakRSSMi <= 0 {
+		t.Fatalf("External Secrets Operator side by side incomplete: %+v", e)
+	}
+	for _, x := range e.Rotation[:2] { // raysync, then ESO at 10s: both deliver to every target
+		if x.Done != x.N || x.Writes != x.N {
+			t.Errorf("%s rotation: %d/%d targets, %d writes (want all, one each)", x.Client, x.Done, x.N, x.Writes)
+		}
+	}
+	if x := e.Rotation[2]; x.Client != "eso refresh 1h" || x.Done != 0 {
+		t.Errorf("%s rotation: %d targets done within the limit; ESO cannot see a change before its refresh", x.Client, x.Done)
+	}
+	if x := e.Idle[0]; x.RequestsPerSec == 0 {
+		t.Errorf("ESO at refresh 10s made no requests while idle: is it running? %+v", x)
+	}
 }

@@ -43,9 +43,37 @@ type result struct {
 	Commit   string           `json:"commit"`
 	CPUs     int              `json:"cpus"`
 	Smoke    bool             `json:"smoke"`
+	Race     *raceResult      `json:"new_cluster_race,omitempty"`
 	Rotation []rotationResult `json:"rotation"`
 	Idle     *idleResult      `json:"idle,omitempty"`
 	Memory   []memoryResult   `json:"memory"`
+	ESO      *esoResult       `json:"external_secrets_operator,omitempty"`
+}
+
+// esoResult is raysync and External Secrets Operator on the same N targets, run alternately.
+type esoResult struct {
+	Version  string         `json:"version"`
+	N        int            `json:"n"`
+	Rotation []sideRotation `json:"rotation"`
+	Idle     []sideIdle     `json:"idle"`
+	Memory   memoryResult   `json:"memory"`
+	// Ratios raysync / ESO (below 1: raysync is faster, lighter).
+	RotationRatio10s float64 `json:"rotation_ratio_vs_10s"`
+	RotationRatio1h  float64 `json:"rotation_ratio_vs_1h_upper_bound"`
+	IdleRatio10s     float64 `json:"idle_requests_ratio_vs_10s"`
+	IdleRatio1h      float64 `json:"idle_requests_ratio_vs_1h"`
+	MemoryRatio      float64 `json:"memory_ratio"`
+}
+
+type sideRotation struct {
+	Client string `json:"client"` // raysync, eso refresh 10s, eso refresh 1h
+	Round  int    `json:"round"`
+	rotationResult
+}
+
+type sideIdle struct {
+	Client string `json:"client"`
+	idleResult
 }
 
 type rotationResult struct {
@@ -54,15 +82,20 @@ type rotationResult struct {
 	P99Ms         float64 `json:"p99_ms"`
 	LastMs        float64 `json:"last_ms"`
 	Writes        int     `json:"target_writes"`
+	Done          int     `json:"targets_done"` // < N: the rotation did not finish within the limit
 	MinimalLastMs float64 `json:"minimal_client_last_ms"`
 	Ratio         float64 `json:"ratio_to_minimal"`
 }
 
 type idleResult struct {
-	N              int     `json:"n"`
-	Seconds        float64 `json:"seconds"`
-	Writes         int     `json:"target_writes"`
-	RequestsPerSec float64 `json:"api_requests_per_s"`
+	N              int            `json:"n"`
+	Seconds        float64        `json:"seconds"`
+	Writes         int            `json:"target_writes"`
+	RequestsPerSec float64        `json:"api_requests_per_s"`
+	Requests       map[string]int `json:"api_requests"`
+	// SettleSeconds is how long the client kept making requests after the last change (false: never quiet).
+	SettleSeconds float64 `json:"settle_s"`
+	Settled       bool    `json:"settled"`
 }
 
 type memoryResult struct {
@@ -73,47 +106,109 @@ type memoryResult struct {
 func main() {
 	smoke := flag.Bool("smoke", false, "tiny sizes, a few seconds")
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
+	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m, 5s with -smoke)")
+	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
+	only := flag.String("scenarios", "race,memory,fanout,eso", "which scenarios to run")
 	flag.Parse()
 	ns := []int{100, 1000, 5000}
-	idleFor, memN, memM := 5*time.Minute, 1000, 20000
+	idleFor, memN, memM, raceN, esoN, esoRounds := 5*time.Minute, 1000, 20000, 50, 1000, 2
+	esoLimit1h := 2 * time.Minute
 	if *smoke {
-		ns, idleFor, memN, memM = []int{20}, 5*time.Second, 20, 200
+		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 5*time.Second, 20, 200, 5, 20, 1
+		esoLimit1h = 15 * time.Second
+	}
+	if *sizes != "" {
+		ns = nil
+		for _, f := range strings.Split(*sizes, ",") {
+			n, err := strconv.Atoi(f)
+			check(err)
+			ns = append(ns, n)
+		}
+	}
+	run := map[string]bool{}
+	for _, f := range strings.Split(*only, ",") {
+		run[f] = true
+	}
+	if *idleOverride > 0 {
+		idleFor = *idleOverride
 	}
 	ctx := context.Background()
-	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", NoOperator: true,
-		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
+	dir, err := os.MkdirTemp("", "raysync-bench-")
+	check(err)
+	defer os.RemoveAll(dir)
+	audit, auditFlags := auditArgs(dir)
+	// One control plane for everything; the operator acts only on the race namespace.
+	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", ExtraAPIServerArgs: auditFlags,
+		OperatorArgs: []string{"--watch-namespace=" + raceNamespace},
+		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
 	defer cp.Stop()
 	bin := buildSyncer()
+	var esoBin string
+	if run["eso"] {
+		esoBin = installESO(ctx, cp)
+	}
 	res := result{Commit: gitCommit(), CPUs: runtime.NumCPU(), Smoke: *smoke}
 
-	// Memory: raysync's peak RSS with N clusters, before and after M unrelated 8 KiB Secrets exist.
-	b := &bench{cp: cp, bin: bin, ns: "memory"}
-	b.setup(memN)
-	for _, m := range []int{0, memM} {
-		if m > 0 {
-			b.unrelatedSecrets(m)
-		}
-		s := b.startSyncer("--all-namespaces")
-		b.waitAll(memN, b.token)
-		time.Sleep(2 * time.Second)
-		res.Memory = append(res.Memory, memoryResult{N: memN, M: m, PeakRSSMi: s.peakRSSMiB()})
-		s.stop()
+	if run["race"] {
+		r := (&bench{cp: cp, bin: bin, ns: raceNamespace}).race(raceN)
+		res.Race = &r
 	}
+
+	// Memory: peak RSS with N clusters, before and after M unrelated 8 KiB Secrets exist; then ESO at M.
+	if run["memory"] {
+		b := &bench{cp: cp, bin: bin, ns: "memory"}
+		b.setup(memN)
+		for _, m := range []int{0, memM} {
+			if m > 0 {
+				b.unrelatedSecrets(m)
+			}
+			s := b.startSyncer("--all-namespaces")
+			b.waitAll(memN, b.token)
+			time.Sleep(2 * time.Second)
+			res.Memory = append(res.Memory, memoryResult{N: memN, M: m, PeakRSSMi: s.peakRSSMiB()})
+			s.stop()
+		}
+		if run["eso"] {
+			res.ESO = &esoResult{Version: framework.ESOVersion, N: esoN}
+			b.esoSetup("1h")
+			b.setSource(b.token + "-eso") // a new token for ESO to deliver (raysync is stopped)
+			e := startESO(cp, esoBin, dir)
+			b.waitAll(memN, b.token)
+			time.Sleep(2 * time.Second)
+			res.ESO.Memory = memoryResult{N: memN, M: memM, PeakRSSMi: e.peakRSSMiB()}
+			b.esoTeardown()
+			e.stop()
+		}
+	}
+
 	for i, n := range ns {
+		if !run["fanout"] {
+			break
+		}
 		b := &bench{cp: cp, bin: bin, ns: fmt.Sprintf("fanout-%d", n)}
 		b.setup(n)
 		s := b.startSyncer("--namespaces=" + b.ns)
 		b.waitAll(n, b.token)
-		r := b.rotate(n)
+		r := b.rotate(n, 0)
 		r.MinimalLastMs = b.minimalClient(n)
 		r.Ratio = r.LastMs / r.MinimalLastMs
 		res.Rotation = append(res.Rotation, r)
-		if res.Idle == nil && (n == 1000 || i == len(ns)-1) {
-			res.Idle = b.idle(s, n, idleFor)
+		if res.Idle == nil && (n == esoN || i == len(ns)-1) {
+			res.Idle = b.idle(audit, "raysync", n, idleFor)
 		}
 		s.stop()
 	}
+
+	if run["eso"] {
+		if res.ESO == nil {
+			res.ESO = &esoResult{Version: framework.ESOVersion, N: esoN}
+		}
+		b := &bench{cp: cp, bin: bin, ns: "side-by-side"}
+		b.sideBySide(res.ESO, audit, esoBin, dir, esoRounds, idleFor, esoLimit1h)
+		res.ESO.ratios(res.Idle, res.Memory)
+	}
+
 	printTable(res)
 	b2, _ := json.MarshalIndent(res, "", "  ")
 	check(os.MkdirAll(filepath.Dir(*out), 0o755))
@@ -141,12 +236,7 @@ func (b *bench) setup(n int) {
 	b.objs = make([]*corev1.Secret, n)
 	parallel(n, 16, func(i int) {
 		name := fmt.Sprintf("c%05d", i)
-		rc := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayCluster",
-			"metadata": map[string]any{"name": name, "namespace": b.ns},
-			"spec": map[string]any{"rayVersion": "2.52.0", "authOptions": map[string]any{"mode": "token"},
-				"headGroupSpec": map[string]any{"rayStartParams": map[string]any{}, "template": map[string]any{"spec": map[string]any{
-					"containers": []any{map[string]any{"name": "ray-head", "image": "rayproject/ray:2.52.0"}}}}}}}}
-		created, err := b.cp.Dynamic.Resource(rcGVR).Namespace(b.ns).Create(ctx, rc, metav1.CreateOptions{})
+		created, err := b.cp.Dynamic.Resource(rcGVR).Namespace(b.ns).Create(ctx, rayCluster(b.ns, name), metav1.CreateOptions{})
 		check(err)
 		yes := true
 		s, err := b.cp.Kube.CoreV1().Secrets(b.ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name,
@@ -156,6 +246,26 @@ func (b *bench) setup(n int) {
 		check(err)
 		b.objs[i] = s
 	})
+}
+
+// setSource writes token into the source Secret.
+func (b *bench) setSource(token string) {
+	ctx := context.Background()
+	src, err := b.cp.Kube.CoreV1().Secrets(b.ns).Get(ctx, "ray-token", metav1.GetOptions{})
+	check(err)
+	src.Data["auth_token"] = []byte(token)
+	_, err = b.cp.Kube.CoreV1().Secrets(b.ns).Update(ctx, src, metav1.UpdateOptions{})
+	check(err)
+	b.token = token
+}
+
+// rayCluster is a minimal token-auth RayCluster that KubeRay v1.5.1 and v1.6.1 accept.
+func rayCluster(ns, name string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayCluster",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{"rayVersion": "2.52.0", "authOptions": map[string]any{"mode": "token"},
+			"headGroupSpec": map[string]any{"rayStartParams": map[string]any{}, "template": map[string]any{"spec": map[string]any{
+				"containers": []any{map[string]any{"name": "ray-head", "image": "rayproject/ray:2.52.0"}}}}}}}}
 }
 
 func (b *bench) waitAll(n int, token string) {
@@ -176,7 +286,8 @@ func (b *bench) waitAll(n int, token string) {
 }
 
 // rotate changes the source and times each target reaching the new token (from the source write).
-func (b *bench) rotate(n int) rotationResult {
+// With limit > 0 an incomplete rotation is reported (Done < N) instead of failing the bench.
+func (b *bench) rotate(n int, limit time.Duration) rotationResult {
 	ctx := context.Background()
 	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{Limit: 1})
 	check(err)
@@ -192,7 +303,12 @@ func (b *bench) rotate(n int) rotationResult {
 	check(err)
 	done := map[string]time.Duration{}
 	writes := 0
-	timeout := time.After(10 * time.Minute)
+	capped := limit > 0
+	if !capped {
+		limit = 10 * time.Minute
+	}
+	timeout := time.After(limit)
+wait:
 	for len(done) < n {
 		select {
 		case ev := <-w.ResultChan():
@@ -207,7 +323,10 @@ func (b *bench) rotate(n int) rotationResult {
 				}
 			}
 		case <-timeout:
-			check(fmt.Errorf("rotation of %d targets incomplete after 10 minutes (%d done)", n, len(done)))
+			if !capped {
+				check(fmt.Errorf("rotation of %d targets incomplete after %s (%d done)", n, limit, len(done)))
+			}
+			break wait
 		}
 	}
 	time.Sleep(time.Second) // count any extra write
@@ -222,7 +341,12 @@ func (b *bench) rotate(n int) rotationResult {
 		d = append(d, float64(v.Microseconds())/1000)
 	}
 	sort.Float64s(d)
-	return rotationResult{N: n, P50Ms: d[len(d)/2], P99Ms: d[(len(d)*99)/100], LastMs: d[len(d)-1], Writes: writes}
+	r := rotationResult{N: n, Done: len(d), Writes: writes}
+	for len(d) < n { // targets not done within the limit count as the limit
+		d = append(d, float64(limit.Milliseconds()))
+	}
+	r.P50Ms, r.P99Ms, r.LastMs = pct(d, 50), pct(d, 99), d[len(d)-1]
+	return r
 }
 
 // minimalClient is the physical limit: a 16-goroutine pool updating targets it already knows.
@@ -242,16 +366,18 @@ func (b *bench) minimalClient(n int) float64 {
 	return float64(time.Since(start).Microseconds()) / 1000
 }
 
-// idle counts target writes and raysync's API requests over d with nothing changing.
-func (b *bench) idle(s *syncer, n int, d time.Duration) *idleResult {
+// idle waits until the client (by user agent) has made no request for 5 s (at most 2 minutes: the
+// work a change causes, including Events that trail the writes, is not idle cost), then counts the
+// target writes and the client's API requests over d with nothing changing.
+func (b *bench) idle(audit *auditLog, agent string, n int, d time.Duration) *idleResult {
 	ctx := context.Background()
-	time.Sleep(2 * time.Second)
+	settle, quiet := audit.quiet(agent, 5*time.Second, 2*time.Minute)
 	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{Limit: 1})
 	check(err)
 	w, err := b.cp.Kube.CoreV1().Secrets(b.ns).Watch(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel, ResourceVersion: l.ResourceVersion})
 	check(err)
 	defer w.Stop()
-	before := s.requests()
+	from := time.Now()
 	deadline := time.After(d)
 	writes := 0
 loop:
@@ -265,7 +391,10 @@ loop:
 			break loop
 		}
 	}
-	return &idleResult{N: n, Seconds: d.Seconds(), Writes: writes, RequestsPerSec: (s.requests() - before) / d.Seconds()}
+	reqs := audit.requests(agent, from, time.Now())
+	fmt.Fprintf(os.Stderr, "bench: idle %s N=%d: quiet after %s (%v), then %d requests in %s: %s\n", agent, n, settle.Round(time.Millisecond), quiet, total(reqs), d, breakdown(reqs))
+	return &idleResult{N: n, Seconds: d.Seconds(), Writes: writes, RequestsPerSec: float64(total(reqs)) / d.Seconds(), Requests: reqs,
+		SettleSeconds: settle.Seconds(), Settled: quiet}
 }
 
 func (b *bench) unrelatedSecrets(m int) {
@@ -341,18 +470,46 @@ func (s *syncer) requests() float64 {
 }
 
 func printTable(r result) {
-	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
-	fmt.Println("| rotation fan-out N | p50 | p99 | last | target writes | minimal client (N writes) | raysync / minimal |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
+	if x := r.Race; x != nil {
+		fmt.Printf("\n| new-cluster race (%s, %d clusters at once) | p50 | p95 | p99 | max | created by raysync / KubeRay | delay when KubeRay created it |\n|---|---|---|---|---|---|---|\n", x.OperatorImage, x.Clusters)
+		fmt.Printf("| first watch event to canonical token | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %d / %d | %.1f-%.1f ms |\n", x.P50Ms, x.P95Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, x.KubeRayMinMs, x.KubeRayMaxMs)
+	}
+	if len(r.Rotation) > 0 {
+		fmt.Println("\n| rotation fan-out N | p50 | p99 | last | target writes | minimal client (N writes) | raysync / minimal |")
+		fmt.Println("|---|---|---|---|---|---|---|")
+	}
 	for _, x := range r.Rotation {
 		fmt.Printf("| %d | %.0f ms | %.0f ms | %.0f ms | %d | %.0f ms | %.2fx |\n", x.N, x.P50Ms, x.P99Ms, x.LastMs, x.Writes, x.MinimalLastMs, x.Ratio)
 	}
-	if r.Idle != nil {
-		fmt.Printf("\n| idle (N=%d, %.0f s) | target writes %d | API requests/s %.3f |\n|---|---|---|\n", r.Idle.N, r.Idle.Seconds, r.Idle.Writes, r.Idle.RequestsPerSec)
+	if x := r.Idle; x != nil {
+		fmt.Printf("\n| idle, raysync (N = %d, %.0f s) | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|\n", x.N, x.Seconds)
+		fmt.Printf("| | %d | %.3f | %s | %.1f s |\n", x.Writes, x.RequestsPerSec, breakdown(x.Requests), x.SettleSeconds)
 	}
-	fmt.Println("\n| memory: clusters N | unrelated 8 KiB Secrets M | peak RSS |\n|---|---|---|")
+	if len(r.Memory) > 0 {
+		fmt.Println("\n| memory: clusters N | unrelated 8 KiB Secrets M | peak RSS |\n|---|---|---|")
+	}
 	for _, m := range r.Memory {
 		fmt.Printf("| %d | %d | %.1f MiB |\n", m.N, m.M, m.PeakRSSMi)
+	}
+	if e := r.ESO; e != nil {
+		fmt.Printf("\n| side by side, N = %d: rotation | round | p50 | p99 | last | targets done | target writes |\n|---|---|---|---|---|---|---|\n", e.N)
+		for _, x := range e.Rotation {
+			fmt.Printf("| %s | %d | %.0f ms | %.0f ms | %.0f ms | %d / %d | %d |\n", x.Client, x.Round, x.P50Ms, x.P99Ms, x.LastMs, x.Done, x.N, x.Writes)
+		}
+		fmt.Println("\n| side by side: idle | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|")
+		if x := r.Idle; x != nil {
+			fmt.Printf("| raysync (N = %d) | %d | %.3f | %s | %.1f s |\n", x.N, x.Writes, x.RequestsPerSec, breakdown(x.Requests), x.SettleSeconds)
+		}
+		for _, x := range e.Idle {
+			quiet := fmt.Sprintf("%.1f s", x.SettleSeconds)
+			if !x.Settled {
+				quiet = "never (gave up after 2 min)"
+			}
+			fmt.Printf("| %s %s | %d | %.3f | %s | %s |\n", e.Version, x.Client, x.Writes, x.RequestsPerSec, breakdown(x.Requests), quiet)
+		}
+		fmt.Printf("\n| raysync / ESO | rotation vs 10s | rotation vs 1h | idle requests vs 10s | idle requests vs 1h | peak RSS at M = %d |\n|---|---|---|---|---|---|\n", e.Memory.M)
+		fmt.Printf("| | %.3f | < %.4f | %.4f | %.4f | %.2f (%.1f MiB ESO) |\n", e.RotationRatio10s, e.RotationRatio1h, e.IdleRatio10s, e.IdleRatio1h, e.MemoryRatio, e.Memory.PeakRSSMi)
 	}
 }
 

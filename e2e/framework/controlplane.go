@@ -35,6 +35,8 @@ type Options struct {
 	Detached bool
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+	// OperatorArgs are appended to the KubeRay operator's flags (e.g. --watch-namespace).
+	OperatorArgs []string
 	// NoOperator installs KubeRay's CRDs but starts no operator (benchmarks that create clusters themselves).
 	NoOperator bool
 	// Logf receives progress lines; nil discards them.
@@ -175,8 +177,8 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		return cp, nil
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
-	if err := start("kuberay-operator", bins.KubeRay, "--kubeconfig="+cp.Kubeconfig, "--enable-leader-election=false",
-		"--metrics-addr=0", "--health-probe-bind-address="+probe); err != nil {
+	if err := start("kuberay-operator", bins.KubeRay, append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
+		"--metrics-addr=0", "--health-probe-bind-address=" + probe}, o.OperatorArgs...)...); err != nil {
 		return cp, err
 	}
 	if err := waitHTTP(ctx, cp.procs[3], "http://"+probe+"/readyz", "", 60*time.Second); err != nil {
