@@ -77,14 +77,17 @@ type sideIdle struct {
 }
 
 type rotationResult struct {
-	N             int     `json:"n"`
-	P50Ms         float64 `json:"p50_ms"`
-	P99Ms         float64 `json:"p99_ms"`
-	LastMs        float64 `json:"last_ms"`
-	Writes        int     `json:"target_writes"`
-	Done          int     `json:"targets_done"` // < N: the rotation did not finish within the limit
-	MinimalLastMs float64 `json:"minimal_client_last_ms"`
-	Ratio         float64 `json:"ratio_to_minimal"`
+	N      int     `json:"n"`
+	P50Ms  float64 `json:"p50_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	LastMs float64 `json:"last_ms"`
+	Writes int     `json:"target_writes"`
+	Done   int     `json:"targets_done"` // < N: the rotation did not finish within the limit
+	// Events raysync recorded for the rotation (one TokenRotated per cluster is intended; client-go's
+	// broadcaster drops what does not fit its 1,000-Event queue).
+	RotationEvents int     `json:"rotation_events,omitempty"`
+	MinimalLastMs  float64 `json:"minimal_client_last_ms"`
+	Ratio          float64 `json:"ratio_to_minimal"`
 }
 
 type idleResult struct {
@@ -196,7 +199,10 @@ func main() {
 		res.Rotation = append(res.Rotation, r)
 		if res.Idle == nil && (n == esoN || i == len(ns)-1) {
 			res.Idle = b.idle(audit, "raysync", n, idleFor)
+		} else {
+			audit.quiet("raysync", 5*time.Second, 2*time.Minute)
 		}
+		res.Rotation[len(res.Rotation)-1].RotationEvents = b.events("TokenRotated")
 		s.stop()
 	}
 
@@ -246,6 +252,17 @@ func (b *bench) setup(n int) {
 		check(err)
 		b.objs[i] = s
 	})
+}
+
+// events counts the Events with reason in the namespace (count > 1 when the correlator merged some).
+func (b *bench) events(reason string) int {
+	l, err := b.cp.Kube.CoreV1().Events(b.ns).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=" + reason})
+	check(err)
+	n := 0
+	for _, e := range l.Items {
+		n += int(max(e.Count, 1))
+	}
+	return n
 }
 
 // setSource writes token into the source Secret.
@@ -476,11 +493,11 @@ func printTable(r result) {
 		fmt.Printf("| first watch event to canonical token | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %d / %d | %.1f-%.1f ms |\n", x.P50Ms, x.P95Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, x.KubeRayMinMs, x.KubeRayMaxMs)
 	}
 	if len(r.Rotation) > 0 {
-		fmt.Println("\n| rotation fan-out N | p50 | p99 | last | target writes | minimal client (N writes) | raysync / minimal |")
-		fmt.Println("|---|---|---|---|---|---|---|")
+		fmt.Println("\n| rotation fan-out N | p50 | p99 | last | target writes | minimal client (N writes) | raysync / minimal | TokenRotated Events |")
+		fmt.Println("|---|---|---|---|---|---|---|---|")
 	}
 	for _, x := range r.Rotation {
-		fmt.Printf("| %d | %.0f ms | %.0f ms | %.0f ms | %d | %.0f ms | %.2fx |\n", x.N, x.P50Ms, x.P99Ms, x.LastMs, x.Writes, x.MinimalLastMs, x.Ratio)
+		fmt.Printf("| %d | %.0f ms | %.0f ms | %.0f ms | %d | %.0f ms | %.2fx | %d |\n", x.N, x.P50Ms, x.P99Ms, x.LastMs, x.Writes, x.MinimalLastMs, x.Ratio, x.RotationEvents)
 	}
 	if x := r.Idle; x != nil {
 		fmt.Printf("\n| idle, raysync (N = %d, %.0f s) | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|\n", x.N, x.Seconds)
