@@ -21,9 +21,7 @@ func TestAPIServerRestart(t *testing.T) {
 		if env.External {
 			t.Skip("restarts the local API server")
 		}
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "survivor"))
 		env.WaitSecret(ns, "survivor", 30*time.Second, holds(token))
@@ -74,9 +72,7 @@ func TestAPIServerRestart(t *testing.T) {
 // takes over within the default lease timing (15 s lease) and finishes the work.
 func TestLeaderFailover(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns, "--leader-elect=true", "--leader-election-namespace=" + ns}
 		a := env.StartSyncerUnderChart(args...)
 		b := env.StartSyncerAs(env.lastKubeconfig, append(args, "--leader-election-namespace="+env.lastRelease)...)
@@ -199,9 +195,7 @@ func (e *Env) watchValues(ns, a, b string) func() int {
 // each time with a bounded request rate, and the target ends on the canonical token.
 func TestFightingWriter(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "contested"))
 		env.WaitSecret(ns, "contested", 30*time.Second, holds(token))

@@ -40,9 +40,7 @@ func (e *Env) status(args ...string) (string, int) {
 
 func TestStatusCommand(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "good"))
 		env.WaitSecret(ns, "good", 30*time.Second, holds(token))

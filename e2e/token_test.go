@@ -31,6 +31,14 @@ func (e *Env) PutSource(ns, name string, data map[string][]byte) {
 	e.PutSecret(ns, name, corev1.SecretTypeOpaque, data)
 }
 
+// NamespaceWithToken creates a namespace holding the canonical Secret "ray-token" with a new token.
+func (e *Env) NamespaceWithToken() (ns, token string) {
+	e.t.Helper()
+	ns, token = e.Namespace(), e.NewToken()
+	e.PutSource(ns, "ray-token", tokenData(token))
+	return ns, token
+}
+
 func tokenData(v string) map[string][]byte { return map[string][]byte{"auth_token": []byte(v)} }
 
 func holds(v string) func(*corev1.Secret) bool {
@@ -78,9 +86,7 @@ func (e *Env) watchRace(ns, name, token string) <-chan raceResult {
 
 func TestProjectsCanonicalTokenIntoNewClusters(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 
 		const n = 5
@@ -129,9 +135,7 @@ func TestProjectsCanonicalTokenIntoNewClusters(t *testing.T) {
 
 func TestRayServiceBlueGreenKeepsOneToken(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 
 		svc := rayService(ns, "serve", "v1")
@@ -161,9 +165,7 @@ func TestReferencedSecretName(t *testing.T) {
 		if !env.SupportsSecretName() {
 			t.Skip("authOptions.secretName needs KubeRay v1.6+")
 		}
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 
 		env.CreateRayCluster(rayCluster(ns, "ref-a", withSecretName("shared")))
@@ -199,9 +201,7 @@ func TestReferencedSecretName(t *testing.T) {
 
 func TestRotationUpdatesEveryTargetOnce(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		const n = 6
 		for i := range n {
@@ -261,9 +261,7 @@ func TestRotationUpdatesEveryTargetOnce(t *testing.T) {
 
 func TestBadSourceLeavesTargetsUntouched(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "bad"))
 		target := env.WaitSecret(ns, "bad", 30*time.Second, holds(token))
@@ -329,9 +327,7 @@ func eventReasonHint(caseName string) string {
 
 func TestForeignSecretIsNeverTouched(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, _ := env.NamespaceWithToken()
 		foreignToken := env.NewToken()
 		foreign, err := env.Kube.CoreV1().Secrets(ns).Create(env.ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "foreign", Namespace: ns},
@@ -354,9 +350,7 @@ func TestForeignSecretIsNeverTouched(t *testing.T) {
 
 func TestStalePodsReported(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
-		token := env.NewToken()
-		env.PutSource(ns, "ray-token", tokenData(token))
+		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "stale"))
 		env.WaitSecret(ns, "stale", 30*time.Second, holds(token))
