@@ -245,9 +245,12 @@ func eventRecorder(kube kubernetes.Interface, dryRun bool, log *zap.Logger) (rec
 	if dryRun {
 		return logRecorder{log: log}, func() {}
 	}
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
-	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "raysync"}), b.Shutdown
+	sink := &typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")}
+	return newShardedRecorder(eventShards, func() (record.EventRecorder, func()) {
+		b := record.NewBroadcaster()
+		b.StartRecordingToSink(sink)
+		return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "raysync"}), b.Shutdown
+	})
 }
 
 // serve runs an HTTP server on addr until ctx ends; "0" or "" disables it.
