@@ -32,7 +32,7 @@ unit: ## unit tests only (seconds)
 e2e: ## e2e tests only; E2E_KUBECONFIG=<path> runs them against an existing cluster instead
 	$(GO) test -count=1 -timeout 80m -v ./e2e/...
 
-bench: ## rotation fan-out vs a minimal client, idle cost, memory (prints a table, writes bench/results/latest.json)
+bench: ## new-cluster race, rotation fan-out vs a minimal client, idle cost, memory, External Secrets Operator side by side (~35 min; prints tables, writes bench/results/latest.json)
 	$(GO) run ./bench
 
 soak: ## long e2e variants (1,000 clusters created in a burst while rotating)

@@ -32,6 +32,8 @@ func TestSmoke(t *testing.T) {
 	}
 	if len(r.Rotation) != 1 || r.Rotation[0].Writes != r.Rotation[0].N || r.Rotation[0].LastMs <= 0 {
 		t.Errorf("rotation: %+v (want exactly one write per target)", r.Rotation)
+	} else if r.Rotation[0].RotationEvents != r.Rotation[0].N {
+		t.Errorf("rotation recorded %d TokenRotated Events for %d clusters", r.Rotation[0].RotationEvents, r.Rotation[0].N)
 	}
 	if r.Idle == nil || r.Idle.Writes != 0 {
 		t.Errorf("idle: %+v (want no writes)", r.Idle)

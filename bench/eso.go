@@ -35,10 +35,7 @@ var (
 // esoAgent prefixes the user agent of every request ESO makes: client-go derives it from the binary's name.
 const esoAgent = "eso-"
 
-type esoProc struct {
-	cmd *exec.Cmd
-	log string
-}
+type esoProc struct{ cmd *exec.Cmd }
 
 // installESO installs ESO's CRDs (all of them: its controllers refuse to start without any).
 func installESO(ctx context.Context, cp *framework.ControlPlane) string {
@@ -62,15 +59,19 @@ func startESO(cp *framework.ControlPlane, bin, logDir string) *esoProc {
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	check(cmd.Start())
-	check(wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mp))
 		if err != nil {
 			return false, nil
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200, nil
-	}))
-	return &esoProc{cmd: cmd, log: logPath}
+	})
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		check(fmt.Errorf("ESO did not start: %w\n%s", err, out[max(0, len(out)-4000):]))
+	}
+	return &esoProc{cmd: cmd}
 }
 
 func (p *esoProc) stop() {
@@ -159,12 +160,6 @@ func (b *bench) esoSynced(since time.Time, timeout time.Duration) {
 	}))
 }
 
-func esoLogTail(p *esoProc) string {
-	b, _ := os.ReadFile(p.log)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-5):], "\n")
-}
-
 // esoTeardown deletes the namespace's ExternalSecrets and SecretStore (their targets stay: ESO's
 // default deletionPolicy is Retain) so a later ESO run does not reconcile them too.
 func (b *bench) esoTeardown() {
@@ -207,7 +202,6 @@ func (b *bench) sideBySide(r *esoResult, audit *auditLog, esoBin, logDir string,
 	r.Rotation = append(r.Rotation, sideRotation{"eso refresh 1h", 1, b.rotate(n, limit1h)})
 	r.Idle = append(r.Idle, sideIdle{"eso refresh 1h", *b.idle(audit, esoAgent, n, idleFor)})
 	e.stop()
-	fmt.Fprintf(os.Stderr, "bench: ESO log tail:\n%s\n", esoLogTail(e))
 }
 
 // ratios compares raysync with ESO: mean rotation times over the rounds, idle requests, RSS at M.

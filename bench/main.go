@@ -1,12 +1,12 @@
-// Command bench measures raysync on a fresh local control plane (no KubeRay operator: the bench
-// creates RayClusters and KubeRay-shaped auth Secrets itself to reach scale) and prints a Markdown
-// table; the numbers go to bench/results/latest.json.
+// Command bench measures raysync on one fresh local control plane and prints Markdown tables; the
+// numbers go to bench/results/latest.json. BENCHMARKS.md explains the method and the results.
 //
-//	go run ./bench                 # N = 100, 1000, 5000; idle 5 min; M = 0 and 20,000 unrelated Secrets
-//	go run ./bench -smoke          # tiny N and M, seconds
+//	go run ./bench           # race (50 clusters, KubeRay v1.6.1 running), fan-out N = 100, 1000, 5000
+//	                         # vs a minimal client, idle 5 min, memory M = 0 / 20,000, ESO side by side
+//	go run ./bench -smoke    # the same at tiny sizes, ~2 minutes (make test)
 //
-// Scenarios so far: rotation fan-out vs. a minimal client, idle cost, memory. Still to come (issue
-// #6): the new-cluster race with the operator running, and External Secrets Operator side by side.
+// The KubeRay operator watches only the race namespace: elsewhere the bench creates RayClusters and
+// KubeRay-shaped auth Secrets itself, to reach scale.
 package main
 
 import (
@@ -109,7 +109,7 @@ type memoryResult struct {
 func main() {
 	smoke := flag.Bool("smoke", false, "tiny sizes, a few seconds")
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
-	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m, 5s with -smoke)")
+	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
 	only := flag.String("scenarios", "race,memory,fanout,eso", "which scenarios to run")
 	flag.Parse()
@@ -117,7 +117,7 @@ func main() {
 	idleFor, memN, memM, raceN, esoN, esoRounds := 5*time.Minute, 1000, 20000, 50, 1000, 2
 	esoLimit1h := 2 * time.Minute
 	if *smoke {
-		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 5*time.Second, 20, 200, 5, 20, 1
+		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 12*time.Second, 20, 200, 5, 20, 1
 		esoLimit1h = 15 * time.Second
 	}
 	if *sizes != "" {
