@@ -3,7 +3,7 @@
 //
 //	go run ./bench           # race (50 clusters, KubeRay v1.6.1 running), fan-out N = 100, 1000, 5000
 //	                         # vs a minimal client, idle 5 min, memory M = 0 / 20,000, ESO side by side
-//	go run ./bench -smoke    # the same at tiny sizes, ~2 minutes (make test)
+//	go run ./bench -smoke    # the same at tiny sizes, ~2 minutes with cached binaries (make test)
 //
 // The KubeRay operator watches only the race namespace: elsewhere the bench creates RayClusters and
 // KubeRay-shaped auth Secrets itself, to reach scale.
