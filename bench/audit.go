@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,10 +12,9 @@ import (
 	"time"
 )
 
-// The API server's audit log is the one request count that treats every client alike: raysync,
-// External Secrets Operator and the minimal client are told apart by their user agent. Each request is
-// logged once, when the API server receives it (watches included, which a client-side counter sees
-// only when they start).
+// The API server's audit log is the one request count that treats every client alike: raysync and
+// External Secrets Operator are told apart by their user agent. Each request, watches included, is
+// logged once, when the API server receives it.
 const auditPolicy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["ResponseStarted", "ResponseComplete", "Panic"]
@@ -57,11 +57,11 @@ func (a *auditLog) requests(agent string, from, to time.Time) map[string]int {
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
 		line := sc.Bytes()
-		if !strings.Contains(string(line), `"userAgent":"`+agent) {
+		if !bytes.Contains(line, []byte(agent)) { // cheap pre-filter; the user agent is checked below
 			continue
 		}
 		var ev auditEvent
-		if json.Unmarshal(line, &ev) != nil || ev.Received.Before(from) || !ev.Received.Before(to) {
+		if json.Unmarshal(line, &ev) != nil || !strings.HasPrefix(ev.UserAgent, agent) || ev.Received.Before(from) || !ev.Received.Before(to) {
 			continue
 		}
 		what := ev.Verb
@@ -123,11 +123,11 @@ func (a *auditLog) quiet(agent string, quietFor, limit time.Duration) (time.Dura
 				break
 			}
 			offset += int64(len(line))
-			if !strings.Contains(string(line), `"userAgent":"`+agent) {
+			if !bytes.Contains(line, []byte(agent)) { // cheap pre-filter; the user agent is checked below
 				continue
 			}
 			var ev auditEvent
-			if json.Unmarshal(line, &ev) == nil && ev.Received.After(last) {
+			if json.Unmarshal(line, &ev) == nil && strings.HasPrefix(ev.UserAgent, agent) && ev.Received.After(last) {
 				last = ev.Received
 			}
 		}

@@ -37,8 +37,6 @@ type Options struct {
 	ExtraAPIServerArgs []string
 	// OperatorArgs are appended to the KubeRay operator's flags (e.g. --watch-namespace).
 	OperatorArgs []string
-	// NoOperator installs KubeRay's CRDs but starts no operator (benchmarks that create clusters themselves).
-	NoOperator bool
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -172,9 +170,6 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 
 	if err := InstallCRDs(ctx, cp.Dynamic, bins.KubeRayCRDs); err != nil {
 		return cp, err
-	}
-	if o.NoOperator {
-		return cp, nil
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
 	if err := start("kuberay-operator", bins.KubeRay, append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
