@@ -490,7 +490,11 @@ func printTable(r result) {
 	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
 	if x := r.Race; x != nil {
 		fmt.Printf("\n| new-cluster race (%s, %d clusters at once) | p50 | p95 | p99 | max | created by raysync / KubeRay | delay when KubeRay created it |\n|---|---|---|---|---|---|---|\n", x.OperatorImage, x.Clusters)
-		fmt.Printf("| first watch event to canonical token | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %d / %d | %.1f-%.1f ms |\n", x.P50Ms, x.P95Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, x.KubeRayMinMs, x.KubeRayMaxMs)
+		kuberay := "—"
+		if x.KubeRayFirst > 0 {
+			kuberay = fmt.Sprintf("%.1f-%.1f ms", x.KubeRayMinMs, x.KubeRayMaxMs)
+		}
+		fmt.Printf("| first watch event to canonical token | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %d / %d | %s |\n", x.P50Ms, x.P95Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, kuberay)
 	}
 	if len(r.Rotation) > 0 {
 		fmt.Println("\n| rotation fan-out N | p50 | p99 | last | target writes | minimal client (N writes) | raysync / minimal | TokenRotated Events |")
