@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,8 +33,6 @@ var (
 // esoAgent prefixes the user agent of every request ESO makes: client-go derives it from the binary's name.
 const esoAgent = "eso-"
 
-type esoProc struct{ cmd *exec.Cmd }
-
 // installESO installs ESO's CRDs (all of them: its controllers refuse to start without any).
 func installESO(ctx context.Context, cp *framework.ControlPlane) string {
 	bin, crds, err := framework.EnsureESO(ctx, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) })
@@ -47,7 +43,7 @@ func installESO(ctx context.Context, cp *framework.ControlPlane) string {
 	return bin
 }
 
-func startESO(cp *framework.ControlPlane, bin, logDir string) *esoProc {
+func startESO(cp *framework.ControlPlane, bin, logDir string) *proc {
 	mp, err := framework.FreePort()
 	check(err)
 	logPath := filepath.Join(logDir, fmt.Sprintf("eso-%d.log", mp))
@@ -57,29 +53,8 @@ func startESO(cp *framework.ControlPlane, bin, logDir string) *esoProc {
 	cmd := exec.Command(bin, fmt.Sprintf("--metrics-addr=127.0.0.1:%d", mp), "--loglevel=error")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig) // ESO and its kubernetes provider read it
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	check(cmd.Start())
-	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mp))
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200, nil
-	})
-	if err != nil {
-		out, _ := os.ReadFile(logPath)
-		check(fmt.Errorf("ESO did not start: %w\n%s", err, out[max(0, len(out)-4000):]))
-	}
-	return &esoProc{cmd: cmd}
+	return startProc(cmd, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp), logPath)
 }
-
-func (p *esoProc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	_ = p.cmd.Wait()
-}
-
-func (p *esoProc) peakRSSMiB() float64 { return (&syncer{cmd: p.cmd}).peakRSSMiB() }
 
 // esoSetup creates the SecretStore, its ServiceAccount and Role, and one ExternalSecret per target.
 func (b *bench) esoSetup(refresh string) {

@@ -27,8 +27,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -265,6 +263,16 @@ func (b *bench) events(reason string) int {
 	return n
 }
 
+// watchSecrets watches the namespace's Secrets matching selector from now on.
+func (b *bench) watchSecrets(selector string) watch.Interface {
+	ctx := context.Background()
+	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{Limit: 1})
+	check(err)
+	w, err := b.cp.Kube.CoreV1().Secrets(b.ns).Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: l.ResourceVersion})
+	check(err)
+	return w
+}
+
 // setSource writes token into the source Secret.
 func (b *bench) setSource(token string) {
 	ctx := context.Background()
@@ -306,10 +314,7 @@ func (b *bench) waitAll(n int, token string) {
 // With limit > 0 an incomplete rotation is reported (Done < N) instead of failing the bench.
 func (b *bench) rotate(n int, limit time.Duration) rotationResult {
 	ctx := context.Background()
-	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{Limit: 1})
-	check(err)
-	w, err := b.cp.Kube.CoreV1().Secrets(b.ns).Watch(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel, ResourceVersion: l.ResourceVersion})
-	check(err)
+	w := b.watchSecrets(kuberay.ClusterLabel)
 	defer w.Stop()
 	newToken := b.token + "-rotated"
 	src, err := b.cp.Kube.CoreV1().Secrets(b.ns).Get(ctx, "ray-token", metav1.GetOptions{})
@@ -387,12 +392,8 @@ func (b *bench) minimalClient(n int) float64 {
 // work a change causes, including Events that trail the writes, is not idle cost), then counts the
 // target writes and the client's API requests over d with nothing changing.
 func (b *bench) idle(audit *auditLog, agent string, n int, d time.Duration) *idleResult {
-	ctx := context.Background()
 	settle, quiet := audit.quiet(agent, 5*time.Second, 2*time.Minute)
-	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{Limit: 1})
-	check(err)
-	w, err := b.cp.Kube.CoreV1().Secrets(b.ns).Watch(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel, ResourceVersion: l.ResourceVersion})
-	check(err)
+	w := b.watchSecrets(kuberay.ClusterLabel)
 	defer w.Stop()
 	from := time.Now()
 	deadline := time.After(d)
@@ -428,40 +429,46 @@ func (b *bench) unrelatedSecrets(m int) {
 	})
 }
 
-type syncer struct {
-	cmd        *exec.Cmd
-	metricsURL string
-}
+// proc is a controller the bench runs: raysync or External Secrets Operator.
+type proc struct{ cmd *exec.Cmd }
 
-func (b *bench) startSyncer(scope string) *syncer {
-	mp, err := framework.FreePort()
-	check(err)
-	pp, err := framework.FreePort()
-	check(err)
-	cmd := exec.Command(b.bin, "--kubeconfig="+b.cp.Kubeconfig, "--auth-source="+b.ns+"/ray-token", scope,
-		"--leader-elect=false", "--log-level=warn", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", pp))
-	cmd.Stderr = os.Stderr
+// startProc starts cmd (killed if the bench dies) and waits until readyURL answers 200; on failure
+// the error carries the tail of logPath, if any.
+func startProc(cmd *exec.Cmd, readyURL, logPath string) *proc {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	check(cmd.Start())
-	check(wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", pp))
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		resp, err := http.Get(readyURL)
 		if err != nil {
 			return false, nil
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200, nil
-	}))
-	return &syncer{cmd: cmd, metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)}
+	})
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		check(fmt.Errorf("%s did not become ready: %w\n%s", filepath.Base(cmd.Path), err, out[max(0, len(out)-4000):]))
+	}
+	return &proc{cmd: cmd}
 }
 
-func (s *syncer) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	_ = s.cmd.Wait()
+func (b *bench) startSyncer(scope string) *proc {
+	pp, err := framework.FreePort()
+	check(err)
+	cmd := exec.Command(b.bin, "--kubeconfig="+b.cp.Kubeconfig, "--auth-source="+b.ns+"/ray-token", scope,
+		"--leader-elect=false", "--log-level=warn", "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", pp))
+	cmd.Stderr = os.Stderr
+	return startProc(cmd, fmt.Sprintf("http://127.0.0.1:%d/readyz", pp), "")
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait()
 }
 
 // peakRSSMiB reads VmHWM (the peak resident set) from /proc.
-func (s *syncer) peakRSSMiB() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+func (p *proc) peakRSSMiB() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	check(err)
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(l, "VmHWM:") {
@@ -470,20 +477,6 @@ func (s *syncer) peakRSSMiB() float64 {
 		}
 	}
 	return 0
-}
-
-func (s *syncer) requests() float64 {
-	resp, err := http.Get(s.metricsURL)
-	check(err)
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	check(err)
-	var sum float64
-	for _, m := range fams["raysync_rest_client_requests_total"].GetMetric() {
-		sum += m.GetCounter().GetValue()
-	}
-	return sum
 }
 
 func printTable(r result) {

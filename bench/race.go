@@ -38,10 +38,7 @@ func (b *bench) race(n int) raceResult {
 	b.setup(0)
 	s := b.startSyncer("--namespaces=" + b.ns)
 	defer s.stop()
-	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{Limit: 1})
-	check(err)
-	w, err := b.cp.Kube.CoreV1().Secrets(b.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion})
-	check(err)
+	w := b.watchSecrets("")
 	defer w.Stop()
 
 	// All at once: one goroutine per cluster, released together.
