@@ -105,7 +105,7 @@ type memoryResult struct {
 }
 
 func main() {
-	smoke := flag.Bool("smoke", false, "tiny sizes, a few seconds")
+	smoke := flag.Bool("smoke", false, "tiny sizes, ~2 minutes with cached binaries")
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
