@@ -547,15 +547,8 @@ func parallel(n, workers int, f func(i int)) {
 }
 
 func buildSyncer() string {
-	cache, err := framework.CacheDir()
+	bin, err := framework.BuildSyncer("syncer-bench")
 	check(err)
-	root, err := framework.RepoRoot()
-	check(err)
-	bin := filepath.Join(cache, "bin", "syncer-bench")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/syncer")
-	cmd.Dir, cmd.Stderr = root, os.Stderr
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	check(cmd.Run())
 	return bin
 }
 

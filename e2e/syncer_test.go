@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,25 +32,7 @@ var (
 
 // buildSyncer builds cmd/syncer once per test run: e2e tests run raysync as its real binary.
 func buildSyncer() (string, error) {
-	syncerOnce.Do(func() {
-		root, err := framework.RepoRoot()
-		if err != nil {
-			syncerErr = err
-			return
-		}
-		cache, err := framework.CacheDir()
-		if err != nil {
-			syncerErr = err
-			return
-		}
-		syncerPath = filepath.Join(cache, "bin", "syncer-e2e")
-		cmd := exec.Command("go", "build", "-o", syncerPath, "./cmd/syncer")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			syncerErr = fmt.Errorf("build syncer: %v\n%s", err, out)
-		}
-	})
+	syncerOnce.Do(func() { syncerPath, syncerErr = framework.BuildSyncer("syncer-e2e") })
 	return syncerPath, syncerErr
 }
 

@@ -245,3 +245,24 @@ func EnsureESO(ctx context.Context, logf func(string, ...any)) (bin, crds string
 	}
 	return bin, filepath.Join(dir, "config", "crds", "bases"), nil
 }
+
+// BuildSyncer builds raysync's cmd/syncer into <cache>/bin/<name> (e2e and bench run the real binary)
+// and returns its path. Each caller names its own output, so concurrent runs never share a binary.
+func BuildSyncer(name string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(cache, "bin", name)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/syncer")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build syncer: %v\n%s", err, out)
+	}
+	return bin, nil
+}
