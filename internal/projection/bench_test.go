@@ -7,9 +7,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raysync/raysync/internal/informer"
 )
 
 // Benchmarks of the hot pure functions (go test -bench . ./internal/projection).
@@ -67,5 +70,82 @@ func BenchmarkStatus1000(b *testing.B) {
 		if _, st := h.ctrl.Status(nil); len(st) != 1000 {
 			b.Fatalf("%d clusters", len(st))
 		}
+	}
+}
+
+// scrapeFleet is 1,000 in-sync clusters shaped like a production fleet: a head and 4 worker groups,
+// 40 env entries per container, autoscaling, a running head and two running workers each, with a pull
+// secret and the autoscaler's client TLS configured and in place.
+func scrapeFleet(b *testing.B) *harness {
+	crt, key := testCert(b, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	tlsSrc := types.NamespacedName{Namespace: source.Namespace, Name: "autoscaler-tls"}
+	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
+	pods := PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: DefaultTLSMountPath}
+	cfg := TemplateConfig{PullSecrets: []string{pullSource.Name}, TLS: &TLSTemplate{SecretName: tlsSrc.Name, MountPath: DefaultTLSMountPath}}
+	env := make([]any, 40)
+	for i := range env {
+		env[i] = map[string]any{"name": fmt.Sprintf("VAR_%d", i), "value": strings.Repeat("v", 20)}
+	}
+	container := func(name string) map[string]any {
+		return map[string]any{"name": name, "image": "registry.example/ray:2.52.0", "env": runtime.DeepCopyJSONValue(env)}
+	}
+	copyOf := func(src *corev1.Secret, kind string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: src.Name, Namespace: ns,
+			Labels:      map[string]string{informer.ManagedByLabel: informer.ManagedByValue},
+			Annotations: map[string]string{SourceAnnotation: src.Namespace + "/" + src.Name, KindAnnotation: kind}},
+			Type: src.Type, Data: copyData(src, kind)}
+	}
+	objs := []runtime.Object{sourceSecret(token), pullSecretSource(), tlsSecret, copyOf(pullSecretSource(), KindPullSecret), copyOf(tlsSecret, KindAutoscalerTLS)}
+	var clusters []*unstructured.Unstructured
+	for i := range 1000 {
+		name := fmt.Sprintf("c%04d", i)
+		rc := rayCluster(name, autoscaling)
+		spec := rc.Object["spec"].(map[string]any)
+		spec["headGroupSpec"] = map[string]any{"template": map[string]any{"spec": map[string]any{"containers": []any{container("ray-head")}}}}
+		var groups []any
+		for g := range 4 {
+			groups = append(groups, map[string]any{"groupName": fmt.Sprintf("g%d", g), "replicas": int64(2),
+				"template": map[string]any{"spec": map[string]any{"containers": []any{container("ray-worker")}}}})
+		}
+		spec["workerGroupSpecs"] = groups
+		spec["autoscalerOptions"] = map[string]any{"env": runtime.DeepCopyJSONValue(env)}
+		rc, _, err := desiredTemplates(rc, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		clusters = append(clusters, rc)
+		objs = append(objs, secret(ns, name, map[string]string{"auth_token": token}, ownedBy(name)))
+		for _, p := range []string{"head", "w1", "w2"} {
+			pod := rayPod(name+"-"+p, name, running, withPullSecret)
+			pod.UID = types.UID("uid-" + pod.Name)
+			if p == "head" {
+				pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: AutoscalerContainer,
+					Env: []corev1.EnvVar{{Name: EnvClientCertPath, Value: DefaultTLSMountPath + "/tls.crt"}}})
+				pod.Spec.Volumes = []corev1.Volume{{Name: TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: tlsSrc.Name}}}}
+			}
+			objs = append(objs, pod)
+		}
+	}
+	return newHarnessWith(b, Options{Source: source, Pods: pods}, clusters, objs...)
+}
+
+// BenchmarkScrape1000WithPodSources is one metrics scrape over the fleet above (issue 11, defect 3).
+func BenchmarkScrape1000WithPodSources(b *testing.B) {
+	h := scrapeFleet(b)
+	snap := h.ctrl.Snapshot()
+	inSync := 0
+	for _, t := range snap.Targets {
+		if t.State == "in_sync" {
+			inSync++
+		}
+	}
+	if inSync != 3000 {
+		b.Fatalf("%d of 3,000 targets in sync: the fixture is wrong", inSync)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		h.ctrl.Snapshot()
 	}
 }
