@@ -2,7 +2,9 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +12,10 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -26,6 +30,7 @@ import (
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 )
 
 const (
@@ -34,7 +39,7 @@ const (
 	oldToken = "kuberay-random-token"
 )
 
-var source = types.NamespacedName{Namespace: "raysync-system", Name: "ray-token"}
+var tokenSrc = types.NamespacedName{Namespace: "raysync-system", Name: "ray-token"}
 
 // ---- fixture builders ----
 
@@ -77,7 +82,7 @@ func secret(namespace, name string, data map[string]string, opts ...func(*corev1
 }
 
 func sourceSecret(value string) *corev1.Secret {
-	return secret(source.Namespace, source.Name, map[string]string{"auth_token": value})
+	return secret(tokenSrc.Namespace, tokenSrc.Name, map[string]string{"auth_token": value})
 }
 
 // ownedBy gives a Secret KubeRay's shape: label ray.io/cluster and the cluster as controller.
@@ -91,8 +96,8 @@ func ownedBy(cluster string) func(*corev1.Secret) {
 }
 
 func managed(s *corev1.Secret) {
-	s.Labels = map[string]string{informer.ManagedByLabel: informer.ManagedByValue}
-	s.Annotations = map[string]string{SourceAnnotation: source.String(), KindAnnotation: KindAuthToken}
+	s.Labels = map[string]string{names.ManagedByLabel: names.ManagedByValue}
+	s.Annotations = map[string]string{names.SourceAnnotation: tokenSrc.String(), names.KindAnnotation: string(names.KindAuthToken)}
 }
 
 func withSecretAnnotation(k, v string) func(*corev1.Secret) {
@@ -114,7 +119,7 @@ type harness struct {
 
 func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
 	t.Helper()
-	return newHarnessWith(t, Options{Source: source, DryRun: dryRun, Prune: true}, clusters, objs...)
+	return newDryRunHarness(t, dryRun, Config{Source: tokenSrc, Prune: true}, clusters, objs...)
 }
 
 // newPodHarness is a harness with pod-level sources configured (and rc, if not nil).
@@ -124,12 +129,20 @@ func newPodHarness(t *testing.T, rc *unstructured.Unstructured, pods PodOptions,
 	if rc != nil {
 		clusters = append(clusters, rc)
 	}
-	return newHarnessWith(t, Options{Source: source, Prune: true, Pods: pods}, clusters, objs...)
+	return newHarnessWith(t, Config{Source: tokenSrc, Prune: true, Pods: pods}, clusters, objs...)
 }
 
-func newHarnessWith(t testing.TB, opts Options, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
+func newHarnessWith(t testing.TB, cfg Config, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
+	t.Helper()
+	return newDryRunHarness(t, false, cfg, clusters, objs...)
+}
+
+// newDryRunHarness runs a controller (with dryRun as given) over fake clients holding clusters and
+// objs, with synced caches and no recorded actions yet.
+func newDryRunHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
 	t.Helper()
 	kube := fake.NewClientset(objs...)
+	enforceResourceVersions(kube)
 	scheme := runtime.NewScheme()
 	var dynObjs []runtime.Object
 	for _, rc := range clusters {
@@ -137,15 +150,11 @@ func newHarnessWith(t testing.TB, opts Options, clusters []*unstructured.Unstruc
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
 		map[schema.GroupVersionResource]string{kuberay.RayClusterGVR: "RayClusterList"}, dynObjs...)
-	sources := append([]types.NamespacedName{source}, opts.Pods.PullSecrets...)
-	if opts.Pods.AutoscalerTLS != nil {
-		sources = append(sources, *opts.Pods.AutoscalerTLS)
-	}
-	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{ns}, Sources: sources})
+	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{ns}, Sources: cfg.Sources()})
 	rec := record.NewFakeRecorder(100)
 	h := &harness{kube: kube, dyn: dyn, recorder: rec}
 	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })
-	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), opts)
+	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), cfg, dryRun)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +168,93 @@ func newHarnessWith(t testing.TB, opts Options, clusters []*unstructured.Unstruc
 	kube.ClearActions()
 	dyn.ClearActions()
 	return h
+}
+
+// enforceResourceVersions gives the fake clientset the API server's optimistic concurrency for
+// Secrets: an update must carry the current resourceVersion, and every write bumps it.
+func enforceResourceVersions(kube *fake.Clientset) {
+	gvr := corev1.SchemeGroupVersion.WithResource("secrets")
+	kube.PrependReactor("update", "secrets", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		upd := a.(clienttesting.UpdateAction).GetObject().(*corev1.Secret)
+		obj, err := kube.Tracker().Get(gvr, upd.Namespace, upd.Name)
+		if err != nil {
+			return false, nil, nil // the default reactor answers NotFound
+		}
+		cur := obj.(*corev1.Secret)
+		if upd.ResourceVersion != cur.ResourceVersion {
+			return true, nil, apierrors.NewConflict(corev1.Resource("secrets"), upd.Name, errors.New("the object has been modified"))
+		}
+		next := upd.DeepCopy()
+		rv, _ := strconv.Atoi(cur.ResourceVersion)
+		next.ResourceVersion = strconv.Itoa(rv + 1)
+		return true, next, kube.Tracker().Update(gvr, next, next.Namespace)
+	})
+	kube.PrependReactor("create", "secrets", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		s := a.(clienttesting.CreateAction).GetObject().(*corev1.Secret)
+		if s.ResourceVersion == "" {
+			s.ResourceVersion = "1"
+		}
+		return false, nil, nil
+	})
+}
+
+// updateSource replaces the token source's data, as its owner would.
+func (h *harness) updateSource(s *corev1.Secret) error {
+	cur, err := h.kube.CoreV1().Secrets(s.Namespace).Get(context.Background(), s.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	s.ResourceVersion = cur.ResourceVersion
+	_, err = h.kube.CoreV1().Secrets(s.Namespace).Update(context.Background(), s, metav1.UpdateOptions{})
+	return err
+}
+
+func mustSelector(t testing.TB, s string) labels.Selector {
+	t.Helper()
+	sel, err := labels.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
+var rayClusterGVR = kuberay.RayClusterGVR
+
+// restart is a new raysync process (fresh caches, no memory) over the same API state.
+func (h *harness) restart(t *testing.T) *harness {
+	t.Helper()
+	var objs []runtime.Object
+	for _, r := range []string{"secrets", "pods"} {
+		l, err := h.kube.Tracker().List(corev1.SchemeGroupVersion.WithResource(r), corev1.SchemeGroupVersion.WithKind(""), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		items, _ := meta.ExtractList(l)
+		objs = append(objs, items...)
+	}
+	ul, err := h.dyn.Resource(rayClusterGVR).Namespace(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clusters []*unstructured.Unstructured
+	for i := range ul.Items {
+		clusters = append(clusters, &ul.Items[i])
+	}
+	return newDryRunHarness(t, h.ctrl.apply.dryRun, h.ctrl.cfg, clusters, objs...)
+}
+
+// syncUntilQuiet reconciles a cluster until a pass writes nothing (at most 5 passes), waiting for the
+// caches to catch up between passes as the queue would.
+func (h *harness) syncUntilQuiet(t *testing.T, name string) {
+	t.Helper()
+	for i := 0; i < 5; i++ {
+		before := len(h.allActions())
+		_ = h.ctrl.syncCluster(context.Background(), informer.Key{Kind: informer.ClusterKey, Namespace: ns, Name: name})
+		if len(h.allActions()) == before {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (h *harness) allActions() []clienttesting.Action {
@@ -239,12 +335,12 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 	}{
 		"generated, absent: create in KubeRay's shape": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token)},
-			cluster: "c1", wantWrites: []string{"create c1"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"c1": token},
+			cluster: "c1", wantWrites: []string{"create c1"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"c1": token},
 		},
 		"generated, 52 characters: CheckName": {
 			clusters: []*unstructured.Unstructured{rayCluster("ab1" + strings.Repeat("y", 49))},
 			objs:     []runtime.Object{sourceSecret(token)}, cluster: "ab1" + strings.Repeat("y", 49),
-			wantWrites: []string{"create r" + strings.Repeat("y", 49)}, wantEvent: ReasonTokenProjected,
+			wantWrites: []string{"create r" + strings.Repeat("y", 49)}, wantEvent: names.ReasonTokenProjected,
 		},
 		"name KubeRay rejects (54 characters): not a target": {
 			clusters: []*unstructured.Unstructured{rayCluster(strings.Repeat("n", 54))},
@@ -253,13 +349,13 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 		"generated, KubeRay's random token: update": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))},
-			cluster:  "c1", wantWrites: []string{"update c1"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"c1": token},
+			cluster:  "c1", wantWrites: []string{"update c1"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"c1": token},
 		},
 		"generated, raysync's old token: update counts as rotation": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs: []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"),
-				withSecretAnnotation(TokenSHA256Annotation, "0123456789abcdef"))},
-			cluster: "c1", wantWrites: []string{"update c1"}, wantEvent: ReasonTokenRotated, wantToken: map[string]string{"c1": token},
+				withSecretAnnotation(names.TokenSHA256Annotation, "0123456789abcdef"))},
+			cluster: "c1", wantWrites: []string{"update c1"}, wantEvent: names.ReasonTokenRotated, wantToken: map[string]string{"c1": token},
 		},
 		"generated, already equal: no write": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
@@ -270,12 +366,12 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs: []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"),
 				func(s *corev1.Secret) { s.OwnerReferences[0].UID = "someone-else" })},
-			cluster: "c1", wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
+			cluster: "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
 		},
 		"generated, foreign unlabelled Secret: refused after AlreadyExists": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken})},
-			cluster:  "c1", wantWrites: []string{"create c1"}, wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
+			cluster:  "c1", wantWrites: []string{"create c1"}, wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
 		},
 		"source missing: nothing written": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
@@ -291,7 +387,7 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret("")}, cluster: "c1",
 		},
 		"skip annotation": {
-			clusters: []*unstructured.Unstructured{rayCluster("c1", withAnnotation(SkipAnnotation, "true"))},
+			clusters: []*unstructured.Unstructured{rayCluster("c1", withAnnotation(names.SkipAnnotation, "true"))},
 			objs:     []runtime.Object{sourceSecret(token)}, cluster: "c1",
 		},
 		"auth disabled": {
@@ -307,37 +403,43 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 		},
 		"malformed authOptions: Warning, no panic": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth("token"))}, objs: []runtime.Object{sourceSecret(token)},
-			cluster: "c1", wantEvent: ReasonInvalidSpec,
+			cluster: "c1", wantEvent: names.ReasonInvalidSpec,
 		},
 		"cluster being deleted: nothing created": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", deleting)}, objs: []runtime.Object{sourceSecret(token)}, cluster: "c1",
 		},
 		"cluster gone": {objs: []runtime.Object{sourceSecret(token)}, cluster: "c1"},
-		"dry-run writes nothing": {
+		"dry-run writes nothing (its Events go to the log recorder)": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1"), rayCluster("c2")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c2", map[string]string{"auth_token": oldToken}, ownedBy("c2"))},
-			cluster:  "c2", dryRun: true, wantToken: map[string]string{"c2": oldToken},
+			cluster:  "c2", dryRun: true, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"c2": oldToken},
 		},
 		"referenced, absent: create managed copy": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token)}, cluster: "c1",
-			wantWrites: []string{"create shared"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"shared": token},
+			wantWrites: []string{"create shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
 		},
 		"referenced, managed copy stale: update": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)},
-			cluster:  "c1", wantWrites: []string{"update shared"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"shared": token},
+			cluster:  "c1", wantWrites: []string{"update shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
 		},
 		"referenced, foreign Secret: refused": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken})},
-			cluster:  "c1", wantWrites: []string{"create shared"}, wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
+			cluster:  "c1", wantWrites: []string{"create shared"}, wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
 		},
-		"referenced, managed copy of another source: refused": {
+		"referenced, managed copy of an earlier source: follows the current one": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs: []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed,
-				withSecretAnnotation(SourceAnnotation, "other/source"))},
-			cluster: "c1", wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
+				withSecretAnnotation(names.SourceAnnotation, "other/source"))},
+			cluster: "c1", wantWrites: []string{"update shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
+		},
+		"referenced, managed copy of a pull secret under that name: refused": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
+			objs: []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed,
+				withSecretAnnotation(names.KindAnnotation, string(names.KindPullSecret)))},
+			cluster: "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
 		},
 	}
 	for name, tc := range tests {
@@ -377,20 +479,20 @@ func TestCreatedSecretHasKubeRayShape(t *testing.T) {
 	if owner == nil || owner.UID != "uid-c1" || owner.Kind != "RayCluster" || owner.APIVersion != "ray.io/v1" || !*owner.BlockOwnerDeletion {
 		t.Errorf("owner = %+v", s.OwnerReferences)
 	}
-	if s.Labels[kuberay.ClusterLabel] != "c1" || s.Labels[informer.ManagedByLabel] != "" {
+	if s.Labels[kuberay.ClusterLabel] != "c1" || s.Labels[names.ManagedByLabel] != "" {
 		t.Errorf("labels = %v: want KubeRay's ray.io/cluster only", s.Labels)
 	}
 	if len(s.Data) != 1 || string(s.Data["auth_token"]) != token || s.Type != corev1.SecretTypeOpaque {
 		t.Errorf("data keys %d, type %q", len(s.Data), s.Type)
 	}
-	want := map[string]string{SourceAnnotation: source.String(), TokenSHA256Annotation: tokenDigest([]byte(token)),
-		SyncedAtAnnotation: "2026-11-29T12:00:00Z"}
+	want := map[string]string{names.SourceAnnotation: tokenSrc.String(), names.TokenSHA256Annotation: tokenDigest([]byte(token)),
+		names.SyncedAtAnnotation: "2026-11-29T12:00:00Z"}
 	for k, v := range want {
 		if s.Annotations[k] != v {
 			t.Errorf("annotation %s = %q, want %q", k, s.Annotations[k], v)
 		}
 	}
-	if len(s.Annotations[TokenSHA256Annotation]) != 16 {
+	if len(s.Annotations[names.TokenSHA256Annotation]) != 16 {
 		t.Errorf("digest annotation must be 16 hex characters")
 	}
 }
@@ -434,21 +536,22 @@ func TestPruneNamespace(t *testing.T) {
 			objs:     []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token}, managed)},
 		},
 		"copy referenced by a skipped cluster is kept": {
-			clusters: []*unstructured.Unstructured{rayCluster("c1", ref("shared"), withAnnotation(SkipAnnotation, "true"))},
+			clusters: []*unstructured.Unstructured{rayCluster("c1", ref("shared"), withAnnotation(names.SkipAnnotation, "true"))},
 			objs:     []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token}, managed)},
 		},
 		"foreign Secret is never deleted": {
 			objs: []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token})},
 		},
-		"managed copy of another source is left alone": {
+		"unreferenced managed copy of an earlier source is deleted": {
 			objs: []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token}, managed,
-				withSecretAnnotation(SourceAnnotation, "other/src"))},
+				withSecretAnnotation(names.SourceAnnotation, "other/src"))},
+			wantWrites: []string{"delete shared"},
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t, false, tc.clusters, tc.objs...)
-			if err := h.ctrl.pruneNamespace(context.Background(), ns); err != nil {
+			if err := h.ctrl.syncNamespace(context.Background(), ns); err != nil {
 				t.Fatal(err)
 			}
 			if got := strings.Join(h.writes(), ","); got != strings.Join(tc.wantWrites, ",") {
@@ -460,30 +563,33 @@ func TestPruneNamespace(t *testing.T) {
 
 func TestSyncSourceCountsRotations(t *testing.T) {
 	h := newHarness(t, false, nil, sourceSecret(token))
-	rotations := func() float64 { return testutil.ToFloat64(h.metrics.Rotations.WithLabelValues(source.String())) }
-	h.ctrl.syncSource(source)
-	h.ctrl.syncSource(source)
+	rotations := func() float64 { return testutil.ToFloat64(h.metrics.Rotations.WithLabelValues(tokenSrc.String())) }
+	h.ctrl.syncSource(tokenSrc)
+	h.ctrl.syncSource(tokenSrc)
 	if rotations() != 0 {
 		t.Fatalf("first observation counted as rotation")
 	}
 	// A new token value is one rotation; an invalid value in between is not.
-	if _, err := h.kube.CoreV1().Secrets(source.Namespace).Update(context.Background(), sourceSecret(" bad"), metav1.UpdateOptions{}); err != nil {
+	if err := h.updateSource(sourceSecret(" bad")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(source); return string(s.Data["auth_token"]) == " bad" })
-	h.ctrl.syncSource(source)
-	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonSourceInvalid) || strings.Contains(ev[0], " bad") {
+	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(tokenSrc); return string(s.Data["auth_token"]) == " bad" })
+	h.ctrl.syncSource(tokenSrc)
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], names.ReasonSourceInvalid) || strings.Contains(ev[0], " bad") {
 		t.Fatalf("want one SourceInvalid event without the value, got %v", ev)
 	}
-	h.ctrl.syncSource(source)
+	h.ctrl.syncSource(tokenSrc)
 	if ev := h.events(); len(ev) != 0 {
 		t.Fatalf("SourceInvalid repeated for the same reason: %v", ev)
 	}
-	if _, err := h.kube.CoreV1().Secrets(source.Namespace).Update(context.Background(), sourceSecret("new-token"), metav1.UpdateOptions{}); err != nil {
+	if err := h.updateSource(sourceSecret("new-token")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(source); return string(s.Data["auth_token"]) == "new-token" })
-	h.ctrl.syncSource(source)
+	waitFor(t, func() bool {
+		s, _ := h.ctrl.caches.Source(tokenSrc)
+		return string(s.Data["auth_token"]) == "new-token"
+	})
+	h.ctrl.syncSource(tokenSrc)
 	if rotations() != 1 {
 		t.Fatalf("rotations = %v, want 1", rotations())
 	}
@@ -508,7 +614,7 @@ func TestSnapshotStates(t *testing.T) {
 	h := newHarness(t, false,
 		[]*unstructured.Unstructured{rayCluster("in"), rayCluster("out"), rayCluster("foreign"), rayCluster("absent"), rayCluster("plain", withAuth(nil))},
 		sourceSecret(token),
-		secret(ns, "in", map[string]string{"auth_token": token}, ownedBy("in"), withSecretAnnotation(SyncedAtAnnotation, syncedAt.Format(time.RFC3339Nano))),
+		secret(ns, "in", map[string]string{"auth_token": token}, ownedBy("in"), withSecretAnnotation(names.SyncedAtAnnotation, syncedAt.Format(time.RFC3339Nano))),
 		secret(ns, "out", map[string]string{"auth_token": oldToken}, ownedBy("out")),
 		secret(ns, "foreign", map[string]string{"auth_token": oldToken}, ownedBy("foreign"), func(s *corev1.Secret) { s.OwnerReferences[0].UID = "x" }),
 		pod("in-head", "in", started(syncedAt.Add(-time.Minute))),
@@ -552,11 +658,11 @@ func TestWarningsAreNotRepeatedEveryReconcile(t *testing.T) {
 	h.sync(t, "c1")
 	h.sync(t, "c1")
 	h.sync(t, "c1")
-	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonTargetNotOwned) {
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], names.ReasonTargetNotOwned) {
 		t.Fatalf("events = %v, want one TargetNotOwned", ev)
 	}
 	// Gone and back: reported again.
-	h.ctrl.forget(informer.Key{Kind: informer.ClusterKey, Namespace: ns, Name: "c1"})
+	h.ctrl.memory.forget(clusterKey(ns, "c1"))
 	h.sync(t, "c1")
 	if ev := h.events(); len(ev) != 1 {
 		t.Fatalf("after forget: events = %v", ev)
@@ -571,7 +677,7 @@ func TestTerminatingNamespaceIsNotAnError(t *testing.T) {
 		return true, nil, err
 	})
 	h.sync(t, "c1") // fails the test if syncCluster returns an error (which would requeue with backoff)
-	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(metrics.ResultError)); v != 0 {
+	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != 0 {
 		t.Errorf("counted as error: %v", v)
 	}
 }
@@ -583,7 +689,7 @@ func TestTargetVanishingMidReconcileIsNotAnError(t *testing.T) {
 		return true, nil, apierrors.NewNotFound(corev1.Resource("secrets"), "c1")
 	})
 	h.sync(t, "c1") // fails the test if syncCluster returns an error
-	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(metrics.ResultError)); v != 0 {
+	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != 0 {
 		t.Errorf("counted as error: %v", v)
 	}
 }

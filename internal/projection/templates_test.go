@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
 
-	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 )
 
 func templatedCluster(name string, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
@@ -172,17 +172,18 @@ func equalJSON(a, b any) bool {
 	return string(x) == string(y)
 }
 
-var pullSource = types.NamespacedName{Namespace: source.Namespace, Name: "regcred"}
+var pullSource = types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "regcred"}
 
 func pullSecretSource() *corev1.Secret {
-	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: source.Namespace}, Type: corev1.SecretTypeDockerConfigJson,
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: tokenSrc.Namespace}, Type: corev1.SecretTypeDockerConfigJson,
 		Data: map[string][]byte{".dockerconfigjson": []byte(`{"auths":{"registry.example":{"auth":"dTpw"}}}`)}}
 }
 
 func rayPod(name, cluster string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), ResourceVersion: "1",
 		CreationTimestamp: metav1.NewTime(time.Now().Add(-time.Minute)),
-		Labels:            map[string]string{kuberay.ClusterLabel: cluster, kuberay.NodeTypeLabel: "worker"}},
+		Labels:            map[string]string{kuberay.ClusterLabel: cluster, kuberay.NodeTypeLabel: "worker"},
+		OwnerReferences:   []metav1.OwnerReference{*metav1.NewControllerRef(rayCluster(cluster), kuberay.RayClusterGVK)}},
 		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "ray-worker"}}},
 		Status: corev1.PodStatus{Phase: corev1.PodPending}}
 	for _, o := range opts {
@@ -207,8 +208,8 @@ func TestSyncPodConfig(t *testing.T) {
 		_ = unstructured.SetNestedField(rc.Object, "Recreate", "spec", "upgradeStrategy", "type")
 	}
 	managedCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
-		Labels:      map[string]string{informer.ManagedByLabel: informer.ManagedByValue},
-		Annotations: map[string]string{SourceAnnotation: pullSource.String(), KindAnnotation: KindPullSecret}},
+		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
 		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
 	tests := map[string]struct {
 		rc            *unstructured.Unstructured
@@ -220,11 +221,11 @@ func TestSyncPodConfig(t *testing.T) {
 	}{
 		"copy created and templates patched": {
 			rc: templatedCluster("c1"), objs: []runtime.Object{pullSecretSource()},
-			wantActions: []string{"create secrets regcred", "patch rayclusters c1"}, wantEvent: ReasonTemplatePatched,
+			wantActions: []string{"create secrets regcred", "patch rayclusters c1"}, wantEvent: names.ReasonTemplatePatched,
 		},
 		"template fixed: pending pod without the entry is recycled": {
 			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1")},
-			wantActions: []string{"delete pods p1"}, wantEvent: ReasonPodRecycled,
+			wantActions: []string{"delete pods p1"}, wantEvent: names.ReasonPodRecycled,
 		},
 		"pending pod too young (KubeRay may not have seen it yet): not yet": {
 			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1", func(p *corev1.Pod) { p.CreationTimestamp = metav1.Now() })},
@@ -234,7 +235,7 @@ func TestSyncPodConfig(t *testing.T) {
 		},
 		"running pod is never deleted, only reported": {
 			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1", running)},
-			wantEvent: ReasonStalePodConfig,
+			wantEvent: names.ReasonStalePodConfig,
 		},
 		"pod already carrying the entry is left alone": {
 			rc: fixed, objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1", withPullSecret)},
@@ -243,27 +244,27 @@ func TestSyncPodConfig(t *testing.T) {
 			rc: templatedCluster("c1"),
 			objs: []runtime.Object{pullSecretSource(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns},
 				Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{".dockerconfigjson": []byte(`{"auths":{}}`)}}},
-			wantActions: []string{"create secrets regcred"}, wantEvent: ReasonTargetNotOwned,
+			wantActions: []string{"create secrets regcred"}, wantEvent: names.ReasonTargetNotOwned,
 		},
 		"invalid source: nothing written": {
 			rc: templatedCluster("c1"),
-			objs: []runtime.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: source.Namespace},
+			objs: []runtime.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: tokenSrc.Namespace},
 				Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{".dockerconfigjson": []byte(`{`)}}},
 		},
 		"Recreate with a running pod: deferred": {
 			rc: templatedCluster("c1", recreate), objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1", running)},
-			wantEvent: ReasonTemplatePatchDeferred,
+			wantEvent: names.ReasonTemplatePatchDeferred,
 		},
 		"Recreate without running pods: patched at once": {
 			rc: templatedCluster("c1", recreate), objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1")},
-			wantActions: []string{"patch rayclusters c1"}, wantEvent: ReasonTemplatePatched,
+			wantActions: []string{"patch rayclusters c1"}, wantEvent: names.ReasonTemplatePatched,
 		},
 		"Recreate with --allow-recreate: patched": {
 			rc: templatedCluster("c1", recreate), objs: []runtime.Object{pullSecretSource(), managedCopy, rayPod("p1", "c1", running)},
-			allowRecreate: true, wantActions: []string{"patch rayclusters c1"}, wantEvent: ReasonTemplatePatched,
+			allowRecreate: true, wantActions: []string{"patch rayclusters c1"}, wantEvent: names.ReasonTemplatePatched,
 		},
 		"skip annotation": {
-			rc:   templatedCluster("c1", func(u *unstructured.Unstructured) { u.SetAnnotations(map[string]string{SkipAnnotation: "true"}) }),
+			rc:   templatedCluster("c1", func(u *unstructured.Unstructured) { u.SetAnnotations(map[string]string{names.SkipAnnotation: "true"}) }),
 			objs: []runtime.Object{pullSecretSource()},
 		},
 	}
@@ -321,12 +322,12 @@ func TestTemplateReappliedAfterWipe(t *testing.T) {
 func TestPruneManagedPodCopies(t *testing.T) {
 	managed := func(name, kind string, src types.NamespacedName) *corev1.Secret {
 		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("u-" + name), ResourceVersion: "1",
-			Labels:      map[string]string{informer.ManagedByLabel: informer.ManagedByValue},
-			Annotations: map[string]string{SourceAnnotation: src.String(), KindAnnotation: kind}}}
+			Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+			Annotations: map[string]string{names.SourceAnnotation: src.String(), names.KindAnnotation: kind}}}
 	}
 	t.Run("last cluster gone: copy pruned", func(t *testing.T) {
-		h := newPodHarness(t, nil, PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, managed("regcred", KindPullSecret, pullSource))
-		if err := h.ctrl.pruneNamespace(context.Background(), ns); err != nil {
+		h := newPodHarness(t, nil, PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, managed("regcred", string(names.KindPullSecret), pullSource))
+		if err := h.ctrl.syncNamespace(context.Background(), ns); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Join(h.allWrites(), ","); got != "delete secrets regcred" {
@@ -334,24 +335,24 @@ func TestPruneManagedPodCopies(t *testing.T) {
 		}
 	})
 	t.Run("cluster in namespace: kept", func(t *testing.T) {
-		h := newPodHarness(t, templatedCluster("c1"), PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, managed("regcred", KindPullSecret, pullSource))
-		_ = h.ctrl.pruneNamespace(context.Background(), ns)
+		h := newPodHarness(t, templatedCluster("c1"), PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, managed("regcred", string(names.KindPullSecret), pullSource))
+		_ = h.ctrl.syncNamespace(context.Background(), ns)
 		if w := h.allWrites(); len(w) > 0 {
 			t.Errorf("writes = %v", w)
 		}
 	})
-	t.Run("copy of a source raysync is not configured with: kept", func(t *testing.T) {
+	t.Run("unreferenced copy of a source raysync is no longer configured with: pruned", func(t *testing.T) {
 		h := newPodHarness(t, nil, PodOptions{PullSecrets: []types.NamespacedName{pullSource}},
-			managed("other", KindPullSecret, types.NamespacedName{Namespace: "x", Name: "other"}))
-		_ = h.ctrl.pruneNamespace(context.Background(), ns)
-		if w := h.allWrites(); len(w) > 0 {
-			t.Errorf("writes = %v", w)
+			managed("other", string(names.KindPullSecret), types.NamespacedName{Namespace: "x", Name: "other"}))
+		_ = h.ctrl.syncNamespace(context.Background(), ns)
+		if got := strings.Join(h.allWrites(), ","); got != "delete secrets other" {
+			t.Errorf("writes = [%s], want [delete secrets other]", got)
 		}
 	})
 	t.Run("--prune=false", func(t *testing.T) {
-		h := newPodHarness(t, nil, PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, managed("regcred", KindPullSecret, pullSource))
-		h.ctrl.opts.Prune = false
-		_ = h.ctrl.pruneNamespace(context.Background(), ns)
+		h := newPodHarness(t, nil, PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, managed("regcred", string(names.KindPullSecret), pullSource))
+		h.ctrl.cfg.Prune = false
+		_ = h.ctrl.syncNamespace(context.Background(), ns)
 		if w := h.allWrites(); len(w) > 0 {
 			t.Errorf("writes = %v", w)
 		}
