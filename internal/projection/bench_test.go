@@ -47,7 +47,7 @@ func BenchmarkDesiredTemplates(b *testing.B) {
 }
 
 func BenchmarkValidateAutoscalerTLS(b *testing.B) {
-	crt, key := testCert(b, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	crt, key := testCert(b)
 	s := &corev1.Secret{Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
 	for b.Loop() {
 		if _, err := ValidateAutoscalerTLS(s, time.Now()); err != nil {
@@ -78,7 +78,7 @@ func BenchmarkStatus1000(b *testing.B) {
 // 40 env entries per container, autoscaling, a running head and two running workers each, with a pull
 // secret and the autoscaler's client TLS configured and in place.
 func scrapeFleet(b *testing.B) *harness {
-	crt, key := testCert(b, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	crt, key := testCert(b)
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "autoscaler-tls"}
 	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}

@@ -1,7 +1,5 @@
 package projection
 
-// Tests for the defects of issue 11's review. Each failed before its fix.
-
 import (
 	"context"
 	"strings"
@@ -18,16 +16,7 @@ import (
 	"github.com/raysync/raysync/internal/names"
 )
 
-func withLabel(k, v string) func(*unstructured.Unstructured) {
-	return func(rc *unstructured.Unstructured) {
-		l := rc.GetLabels()
-		if l == nil {
-			l = map[string]string{}
-		}
-		l[k] = v
-		rc.SetLabels(l)
-	}
-}
+// Tests for the defects of issue 11's review. Each failed before its fix.
 
 // Defect 1: a copy is pruned only when no RayCluster in the namespace references it, selected or not.
 func TestPruneKeepsCopiesUnselectedClustersReference(t *testing.T) {
@@ -116,16 +105,6 @@ func TestPodsThatMustNotBeRecycled(t *testing.T) {
 		}
 	})
 }
-
-func podOwnedBy(cluster string) func(*corev1.Pod) {
-	return func(p *corev1.Pod) {
-		yes := true
-		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: cluster,
-			UID: types.UID("uid-" + cluster), Controller: &yes, BlockOwnerDeletion: &yes}}
-	}
-}
-
-func ptrTo[T any](v T) *T { return &v }
 
 // Defect 5: a StaleToken Warning already emitted for a cluster and its token is not emitted again by
 // a restarted raysync (or a standby taking over).
