@@ -75,3 +75,32 @@ func TestKustomizeOverlayApplies(t *testing.T) {
 		}
 	})
 }
+
+// TestKustomizeOverlayRBACMatchesChart: the example overlay lists namespaces, so like the chart it
+// grants namespaced Roles and no ClusterRole.
+func TestKustomizeOverlayRBACMatchesChart(t *testing.T) {
+	out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/rbac.yaml", "--set",
+		"authSource.namespace=platform-secrets,authSource.name=ray-auth,authSource.key=token,namespaces={ml-team,ml-batch},pullSecrets={platform-secrets/regcred}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := byKey(renderedObjects(t, out))
+	var rbac []*unstructured.Unstructured
+	for _, o := range renderedObjects(t, kustomize(t, "deploy/kustomize/overlays/example")) {
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding":
+			t.Errorf("the overlay grants %s %s: listed namespaces need no cluster-wide rights", o.GetKind(), o.GetName())
+		case "Role", "RoleBinding":
+			rbac = append(rbac, o)
+		}
+	}
+	got := byKey(rbac)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s differs between the overlay and the chart (regenerate deploy/kustomize/overlays/example/rbac.yaml)", k)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("overlay has %d RBAC objects, chart %d", len(got), len(want))
+	}
+}
