@@ -244,6 +244,28 @@ func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger)
 	return fmt.Errorf("recycle pod %s/%s: %w", p.Namespace, p.Name, err)
 }
 
+// sourceChange reports what one observation of a source meant: a SourceInvalid Warning on the source
+// when it became invalid (for a new reason), a rotation in the metrics when its content changed.
+func (a *applier) sourceChange(src source, ch sourceChange) {
+	log := a.log.With(zap.String("source", src.name.String()))
+	switch {
+	case ch.nowInvalid != "":
+		log.Error("source is invalid: leaving every target untouched", zap.String("reason", ch.nowInvalid))
+		obj := src.secret
+		if obj == nil { // a missing Secret gets a reference by name
+			obj = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: src.name.Namespace, Name: src.name.Name}}
+		}
+		a.recorder.Eventf(obj, corev1.EventTypeWarning, names.ReasonSourceInvalid,
+			"raysync cannot use %s of this Secret: %s; every target keeps what it has", ch.description, ch.nowInvalid)
+	case ch.rotated:
+		a.metrics.Rotations.WithLabelValues(src.name.String()).Inc()
+		a.metrics.LastRotation.WithLabelValues(src.name.String()).Set(float64(a.now().UnixNano()) / 1e9)
+		log.Info("source content changed: propagating to every target")
+	case ch.validAgain:
+		log.Info("source is valid again")
+	}
+}
+
 // clusterLog carries the fixed keys of a cluster's log lines.
 func clusterLog(log *zap.Logger, rc *unstructured.Unstructured) *zap.Logger {
 	fields := []zap.Field{zap.String("namespace", rc.GetNamespace()), zap.String("raycluster", rc.GetName())}

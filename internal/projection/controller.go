@@ -8,9 +8,7 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -21,7 +19,6 @@ import (
 
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/metrics"
-	"github.com/raysync/raysync/internal/names"
 )
 
 // Controller runs the work queue: event handlers enqueue keys, workers turn each key into
@@ -39,9 +36,8 @@ type Controller struct {
 	recorder record.EventRecorder
 	log      *zap.Logger
 	now      func() time.Time
-
-	srcMu   sync.Mutex
-	srcSeen map[types.NamespacedName]sourceMemory
+	// sourcesSeen remembers each source's last content, to count rotations.
+	sourcesSeen *sourceTracker
 }
 
 // New wires a controller to its caches. Call Run to start workers. With dryRun it writes nothing.
@@ -51,8 +47,8 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Cach
 	mem := newMemory()
 	c := &Controller{
 		cfg: cfg, caches: caches, memory: mem, metrics: m, recorder: recorder, log: log, now: time.Now,
-		gather:  &gatherer{caches: caches, cfg: cfg, memory: mem},
-		srcSeen: map[types.NamespacedName]sourceMemory{},
+		gather:      &gatherer{caches: caches, cfg: cfg, memory: mem},
+		sourcesSeen: &sourceTracker{seen: map[types.NamespacedName]sourceMemory{}},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedMaxOfRateLimiter(
 				workqueue.NewTypedItemExponentialFailureRateLimiter[informer.Key](5*time.Millisecond, 2*time.Minute),
@@ -175,31 +171,9 @@ func (c *Controller) syncNamespace(ctx context.Context, ns string) error {
 // syncSource validates one source and accounts for rotations of its content. Targets are reconciled
 // by their own keys (the source's event handler enqueues every cluster).
 func (c *Controller) syncSource(name types.NamespacedName) {
-	var src source
-	for _, s := range c.gather.sources(c.now()).all() {
-		if s.name == name {
-			src = s
+	for _, src := range c.gather.sources(c.now()).all() {
+		if src.name == name {
+			c.apply.sourceChange(src, c.sourcesSeen.observe(src, c.cfg.SourceKey))
 		}
-	}
-	c.srcMu.Lock()
-	ch := observeSource(c.srcSeen[name], src, c.cfg.SourceKey)
-	c.srcSeen[name] = ch.afterwards
-	c.srcMu.Unlock()
-	log := c.log.With(zap.String("source", name.String()))
-	switch {
-	case ch.nowInvalid != "":
-		log.Error("source is invalid: leaving every target untouched", zap.String("reason", ch.nowInvalid))
-		obj := src.secret
-		if obj == nil {
-			obj = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name}}
-		}
-		c.recorder.Eventf(obj, corev1.EventTypeWarning, names.ReasonSourceInvalid,
-			"raysync cannot use %s of this Secret: %s; every target keeps what it has", ch.description, ch.nowInvalid)
-	case ch.rotated:
-		c.metrics.Rotations.WithLabelValues(name.String()).Inc()
-		c.metrics.LastRotation.WithLabelValues(name.String()).Set(float64(c.now().UnixNano()) / 1e9)
-		log.Info("source content changed: propagating to every target")
-	case ch.validAgain:
-		log.Info("source is valid again")
 	}
 }

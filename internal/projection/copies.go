@@ -94,7 +94,9 @@ func planCopy(in *ClusterInput, src source, p *ClusterPlan) (state string, usabl
 	case cur == nil:
 		p.Actions = append(p.Actions, CreateSecret{Secret: desiredPodSourceCopy(ns, src)})
 		if in.Memory.foreign[src.name.Name] {
-			return names.StateNotOwned, true // the create is how raysync notices the foreign Secret has gone
+			// The last create met a Secret raysync does not own; creating again is how raysync notices
+			// it has gone. Until then the templates do not reference it.
+			return names.StateNotOwned, false
 		}
 		return names.StateOutOfSync, true
 	case !managedCopyOf(cur, src.kind):

@@ -111,6 +111,13 @@ func TestPlanPodConfig(t *testing.T) {
 					"Secret regcred already exists and is not managed by raysync; not copying raysync-system/regcred into it and not using it")}
 			},
 		},
+		"the copy's name was found taken by a Secret the caches do not hold: tried again, not referenced": {
+			cfg: pull, rc: templatedCluster("c1"), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateNotOwned,
+			opts: []func(*ClusterInput){foreign("regcred")},
+			want: func(*unstructured.Unstructured) []Action {
+				return []Action{CreateSecret{Secret: pullCopy(func(s *corev1.Secret) { s.UID, s.ResourceVersion = "", "" })}}
+			},
+		},
 		"the source changed type: the copy is replaced": {
 			cfg: pull, rc: fixed(), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateOutOfSync,
 			opts: []func(*ClusterInput){copies(pullCopy(func(s *corev1.Secret) { s.Type = corev1.SecretTypeDockercfg }))},

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -103,6 +104,21 @@ type sourceChange struct {
 	validAgain  bool   // it was invalid and is valid now
 	afterwards  sourceMemory
 	description string // what was validated, for messages
+}
+
+// sourceTracker remembers every source between its events.
+type sourceTracker struct {
+	mu   sync.Mutex
+	seen map[types.NamespacedName]sourceMemory
+}
+
+// observe records one observation of a source and says what it means.
+func (t *sourceTracker) observe(s source, key string) sourceChange {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ch := observeSource(t.seen[s.name], s, key)
+	t.seen[s.name] = ch.afterwards
+	return ch
 }
 
 // observeSource compares a source with what was remembered about it.
