@@ -154,6 +154,18 @@ func BenchmarkScrape1000WithPodSources(b *testing.B) {
 	b.ReportMetric(float64(processCPU()-cpu)/float64(b.N)/1e6, "cpu-ms/op")
 }
 
+// BenchmarkScrape1000ColdTemplates is the same scrape when every cluster changed since the last one
+// (no template check can be reused): the first scrape, or one right after a fleet-wide change.
+func BenchmarkScrape1000ColdTemplates(b *testing.B) {
+	h := scrapeFleet(b)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		h.ctrl.reporter.drifts = nil
+		h.ctrl.Snapshot()
+	}
+}
+
 // processCPU is the CPU time this process has used (user and system).
 func processCPU() time.Duration {
 	var ru syscall.Rusage
