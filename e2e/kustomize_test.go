@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -65,10 +66,19 @@ func TestKustomizeOverlayApplies(t *testing.T) {
 		if !strings.Contains(rendered, "--pull-secret=platform-secrets/regcred") || !strings.Contains(rendered, "--namespaces=ml-team,ml-batch") {
 			t.Fatalf("overlay not applied:\n%.500s", rendered)
 		}
+		// The namespaces the overlay names exist in the cluster it is written for.
+		namespaces := []string{"raysync", "ml-team", "ml-batch", "platform-secrets"}
+		for _, ns := range namespaces[1:] {
+			if _, err := env.Kube.CoreV1().Namespaces().Create(env.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		env.kubectlApply(rendered)
 		t.Cleanup(func() {
 			env.kubectlDeleteClusterScoped(rendered)
-			_ = exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "delete", "namespace", "raysync", "--wait=false").Run()
+			for _, ns := range namespaces {
+				_ = exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "delete", "namespace", ns, "--wait=false").Run()
+			}
 		})
 		if _, err := env.Kube.AppsV1().Deployments("raysync").Get(env.ctx, "raysync", metav1.GetOptions{}); err != nil {
 			t.Fatalf("Deployment not created: %v", err)
