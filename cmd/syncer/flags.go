@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/projection"
 )
 
@@ -48,6 +49,11 @@ type config struct {
 	recyclePending bool
 	prune          bool
 	allowRecreate  bool
+
+	rotationLedger        types.NamespacedName
+	rotationPolicies      map[string]string
+	maxConcurrentRotation int
+	rotationTimeout       time.Duration
 }
 
 // listFlag collects a repeatable flag.
@@ -61,6 +67,9 @@ type rawFlags struct {
 	authSource, namespaces, logLevel string
 	pullSecrets                      listFlag
 	autoscalerTLS, apiServer         string
+	ledger                           string
+	policyService, policyCluster     string
+	policyJob                        string
 }
 
 func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
@@ -93,6 +102,12 @@ func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs.BoolVar(&c.recyclePending, "recycle-pending-pods", true, "delete Ray pods that never started and lack raysync's entries, so KubeRay recreates them")
 	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
 	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
+	fs.StringVar(&r.ledger, "rotation-ledger", "", "Secret NAMESPACE/NAME numbering the canonical tokens raysync has seen (default <leader-election namespace, else the source's>/raysync-rotations)")
+	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies["RayService"], "how a RayService's running cluster moves to a new token: replace, restart or hold")
+	fs.StringVar(&r.policyCluster, "rotation-policy-raycluster", projection.DefaultPolicies[""], "the same for a standalone RayCluster")
+	fs.StringVar(&r.policyJob, "rotation-policy-rayjob", projection.DefaultPolicies["RayJob"], "the same for a RayJob's cluster (never while its job runs)")
+	fs.IntVar(&c.maxConcurrentRotation, "max-concurrent-rotations", projection.DefaultMaxConcurrentRotations, "replacements and restarts in flight at most")
+	fs.DurationVar(&c.rotationTimeout, "rotation-timeout", 30*time.Minute, "a replacement or restart not done by then blocks the wave (0: never)")
 	return fs
 }
 
@@ -164,16 +179,16 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	if err := c.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level: unknown level %q", logLevel)
 	}
-	names := map[string]string{} // copies are named after their source: names must not collide
+	copyNames := map[string]string{} // copies are named after their source: names must not collide
 	for _, v := range r.pullSecrets {
 		nn, err := parseNamespacedName("--pull-secret", v)
 		if err != nil {
 			return nil, err
 		}
-		if prev, dup := names[nn.Name]; dup {
+		if prev, dup := copyNames[nn.Name]; dup {
 			return nil, fmt.Errorf("--pull-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
 		}
-		names[nn.Name] = nn.String()
+		copyNames[nn.Name] = nn.String()
 		c.pullSecrets = append(c.pullSecrets, nn)
 	}
 	if r.autoscalerTLS != "" {
@@ -181,7 +196,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		if err != nil {
 			return nil, err
 		}
-		if prev, dup := names[nn.Name]; dup {
+		if prev, dup := copyNames[nn.Name]; dup {
 			return nil, fmt.Errorf("--autoscaler-tls-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
 		}
 		c.autoscalerTLS = &nn
@@ -195,6 +210,29 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 			return nil, fmt.Errorf("--autoscaler-api-server: %v", err)
 		}
 		c.apiServer = &api
+	}
+	c.rotationPolicies = map[string]string{}
+	for kind, v := range map[string]string{"RayService": r.policyService, "": r.policyCluster, "RayJob": r.policyJob} {
+		if v != names.PolicyReplace && v != names.PolicyRestart && v != names.PolicyHold {
+			return nil, fmt.Errorf("rotation policy %q: want replace, restart or hold", v)
+		}
+		c.rotationPolicies[kind] = v
+	}
+	if c.maxConcurrentRotation < 1 {
+		return nil, fmt.Errorf("--max-concurrent-rotations must be at least 1, got %d", c.maxConcurrentRotation)
+	}
+	if c.rotationTimeout < 0 {
+		return nil, errors.New("--rotation-timeout must not be negative")
+	}
+	switch {
+	case r.ledger != "":
+		if c.rotationLedger, err = parseNamespacedName("--rotation-ledger", r.ledger); err != nil {
+			return nil, err
+		}
+	case c.leaderElectionNS != "":
+		c.rotationLedger = types.NamespacedName{Namespace: c.leaderElectionNS, Name: defaultLedgerName}
+	default:
+		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: defaultLedgerName}
 	}
 	if !path.IsAbs(c.tlsMountPath) || path.Clean(c.tlsMountPath) != c.tlsMountPath || c.tlsMountPath == "/" || strings.Contains(c.tlsMountPath, ":") {
 		return nil, fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
@@ -222,10 +260,13 @@ func firstLine(s string) string {
 func usage(w io.Writer) {
 	fmt.Fprint(w, `usage: syncer --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
        syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
+       syncer rotate (NAMESPACE/NAME... | --all <flags>)
 
-syncer keeps every in-scope RayCluster's auth token equal to the canonical Secret (and pull secrets and
-the autoscaler's client certificate on Ray pods). "syncer status" reports, read-only, whether every
-cluster is in sync (exit 0 in sync, 1 not, 2 error); "syncer status --help" lists its options.
+syncer gives every in-scope RayCluster the canonical token from one Secret, moves running clusters to a
+new token only as a whole (a replacement or a restart, paced across the fleet), and keeps pull secrets
+and the autoscaler's client certificate on Ray pods. "syncer status" reports, read-only, whether every
+cluster is in sync (exit 0 in sync, 1 not, 2 error); "syncer rotate" asks raysync to move clusters to
+the current token now. "syncer status --help" and "syncer rotate --help" list their options.
 
 flags:
 `)
@@ -234,13 +275,19 @@ flags:
 	fs.PrintDefaults()
 }
 
+// defaultLedgerName is the rotation ledger's name in raysync's namespace.
+const defaultLedgerName = "raysync-rotations"
+
 // projection is the controller's configuration.
 func (c *config) projection() projection.Config {
 	pc := projection.Config{Source: c.authSource, SourceKey: c.authSourceKey, Prune: c.prune,
 		Pods: projection.PodOptions{
 			PullSecrets: c.pullSecrets, AutoscalerTLS: c.autoscalerTLS, APIServer: c.apiServer,
 			MountPath: c.tlsMountPath, RecyclePending: c.recyclePending, AllowRecreate: c.allowRecreate,
-		}}
+		},
+		Rotation: projection.RotationOptions{Policies: c.rotationPolicies, MaxConcurrent: c.maxConcurrentRotation, Timeout: c.rotationTimeout},
+		Ledger:   c.rotationLedger,
+	}
 	if c.clusterSelector != "" {
 		pc.ClusterSelector, _ = labels.Parse(c.clusterSelector) // validated by parseFlags
 	}
@@ -249,5 +296,5 @@ func (c *config) projection() projection.Config {
 
 // informer is what raysync watches: the namespaces, and every source by name.
 func (c *config) informer() informer.Config {
-	return informer.Config{Namespaces: c.namespaces, Sources: c.projection().Sources()}
+	return informer.Config{Namespaces: c.namespaces, Sources: c.projection().Watched()}
 }

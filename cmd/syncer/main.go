@@ -41,6 +41,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == statusCommand {
 		os.Exit(runStatus(os.Args[2:], os.Stdout, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == rotateCommand {
+		os.Exit(runRotate(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		usage(os.Stderr)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/projection"
 )
 
@@ -33,6 +34,7 @@ const (
 
 // statusReport is `syncer status -o json`. It never contains a token.
 type statusReport struct {
+	Now      time.Time                  `json:"now"`
 	InSync   bool                       `json:"inSync"`
 	Sources  []statusSource             `json:"sources"`
 	Clusters []projection.ClusterStatus `json:"clusters"`
@@ -137,7 +139,7 @@ func collectStatus(cfg *config) (*statusReport, error) {
 		}
 		return clusters[i].RayCluster < clusters[j].RayCluster
 	})
-	report := &statusReport{InSync: true, Clusters: clusters}
+	report := &statusReport{Now: time.Now().UTC().Truncate(time.Second), InSync: true, Clusters: clusters}
 	for _, s := range srcStates {
 		ss := statusSource{Source: s.Source, Valid: s.Valid}
 		if !s.NotAfter.IsZero() {
@@ -167,6 +169,25 @@ Reports, read-only and with your kubeconfig, whether every in-scope RayCluster i
 	fs.PrintDefaults()
 }
 
+// rotationColumn is a cluster's token rotation state: "current", or "behind 3h (hold)" and the like.
+func rotationColumn(r *projection.RotationStatus, now time.Time) string {
+	if r == nil {
+		return "-"
+	}
+	if r.State == names.TokenCurrent {
+		return r.State
+	}
+	out := r.State
+	if r.Since != nil {
+		out += " " + now.Sub(*r.Since).Round(time.Second).String()
+	}
+	out += " (" + r.Policy
+	if r.Held != "" {
+		out += ": " + r.Held
+	}
+	return out + ")"
+}
+
 func printStatus(w io.Writer, r *statusReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SOURCE\tVALID\tEXPIRES")
@@ -180,7 +201,7 @@ func printStatus(w io.Writer, r *statusReport) {
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tRAYCLUSTER\tOWNER\tMODE\tTOKEN\tSTALE PODS\tPULL SECRET\tAUTOSCALER TLS")
+	fmt.Fprintln(tw, "NAMESPACE\tRAYCLUSTER\tOWNER\tMODE\tTOKEN\tROTATION\tSTALE PODS\tPULL SECRET\tAUTOSCALER TLS")
 	for _, c := range r.Clusters {
 		owner := "-"
 		if c.Owner != "" {
@@ -198,8 +219,8 @@ func printStatus(w io.Writer, r *statusReport) {
 		if c.Deferred {
 			tls += " (deferred)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", c.Namespace, c.RayCluster, owner, mode,
-			projection.Display(c.Token), stale, projection.Display(c.PullSecret), tls)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", c.Namespace, c.RayCluster, owner, mode,
+			projection.Display(c.Token), rotationColumn(c.Rotation, r.Now), stale, projection.Display(c.PullSecret), tls)
 	}
 	_ = tw.Flush()
 	if len(r.Clusters) == 0 {

@@ -19,6 +19,7 @@ func (c *Caches) AddEventHandlers(enqueue func(Key)) error {
 	for _, s := range c.scopes {
 		for inf, handler := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{
 			s.clusters: h.cluster, s.clusterSecrets: h.byClusterLabel, s.pods: h.byClusterLabel, s.managedSecrets: h.managedSecret,
+			s.services: h.owner, s.jobs: h.owner,
 		} {
 			if _, err := inf.AddEventHandler(handler); err != nil {
 				return err
@@ -37,8 +38,13 @@ type handlers struct {
 	cluster        cache.ResourceEventHandler
 	byClusterLabel cache.ResourceEventHandler
 	managedSecret  cache.ResourceEventHandler
+	owner          cache.ResourceEventHandler
 	source         func(types.NamespacedName) cache.ResourceEventHandler
 }
+
+// waveKey: the fleet's rotation decision. Every change a rotation can depend on enqueues it; the
+// queue holds it once however many changes arrive.
+var waveKey = Key{Kind: WaveKey}
 
 func (c *Caches) handlers(enqueue func(Key)) handlers {
 	clusterKey := func(m metav1.Object) Key {
@@ -50,11 +56,13 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 				if m, ok := metaOf(obj); ok {
 					c.firstSeen.LoadOrStore(m.GetUID(), time.Now())
 					enqueue(clusterKey(m))
+					enqueue(waveKey)
 				}
 			},
 			UpdateFunc: func(old, cur any) {
 				if m, ok := metaOf(cur); ok && !unchanged(old, cur) {
 					enqueue(clusterKey(m))
+					enqueue(waveKey)
 				}
 			},
 			DeleteFunc: func(obj any) {
@@ -62,6 +70,7 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 					c.firstSeen.Delete(m.GetUID())
 					enqueue(clusterKey(m))
 					enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
+					enqueue(waveKey)
 				}
 			},
 		},
@@ -70,9 +79,12 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 			if m, ok := metaOf(obj); ok {
 				if name := m.GetLabels()[kuberay.ClusterLabel]; name != "" {
 					enqueue(Key{Kind: ClusterKey, Namespace: m.GetNamespace(), Name: name})
+					enqueue(waveKey)
 				}
 			}
 		}),
+		// A RayService or RayJob changed: whether its clusters may rotate, or have, may have changed.
+		owner: onChange(func(any) { enqueue(waveKey) }),
 		// A managed copy changed: any cluster in its namespace may reference it, and prune may apply.
 		managedSecret: onChange(func(obj any) {
 			m, ok := metaOf(obj)
@@ -92,6 +104,7 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 				for _, rc := range c.RayClusters("") {
 					enqueue(clusterKey(rc))
 				}
+				enqueue(waveKey)
 			}
 			return cache.ResourceEventHandlerFuncs{
 				AddFunc: func(any) { everything() },

@@ -41,6 +41,8 @@ const (
 	NamespaceKey
 	// SourceKey: validate the canonical source and account for rotations.
 	SourceKey
+	// WaveKey: decide the fleet's replacements and restarts (one key: one decision at a time).
+	WaveKey
 )
 
 // Key is one unit of work. Handlers only ever enqueue keys; workers read the caches.
@@ -56,6 +58,8 @@ func (k Key) String() string {
 		return "namespace:" + k.Namespace
 	case SourceKey:
 		return "source:" + k.Namespace + "/" + k.Name
+	case WaveKey:
+		return "wave"
 	}
 	return k.Namespace + "/" + k.Name
 }
@@ -64,13 +68,16 @@ func (k Key) String() string {
 type Config struct {
 	// Namespaces to watch; empty means all namespaces.
 	Namespaces []string
-	// Sources are the canonical Secrets (by name; each gets an informer of its own).
+	// Sources are the Secrets watched by name (the canonical sources, the rotation ledger; each gets
+	// an informer of its own).
 	Sources []types.NamespacedName
 }
 
 // scope holds the informers of one watched namespace ("" when watching all).
 type scope struct {
 	clusters       cache.SharedIndexInformer
+	services       cache.SharedIndexInformer // RayServices: what a replacement acts on
+	jobs           cache.SharedIndexInformer // RayJobs: whether their cluster may be touched
 	clusterSecrets cache.SharedIndexInformer // labelled ray.io/cluster (KubeRay's generated Secrets)
 	managedSecrets cache.SharedIndexInformer // labelled raysync.dev/managed-by=raysync
 	pods           cache.SharedIndexInformer // labelled ray.io/node-type
@@ -101,12 +108,14 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
 	for _, ns := range namespaces {
 		s := &scope{
 			clusters:       dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayClusterGVR, ns, 0, nsIndex, nil).Informer(),
+			services:       dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayServiceGVR, ns, 0, nsIndex, nil).Informer(),
+			jobs:           dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayJobGVR, ns, 0, nsIndex, nil).Informer(),
 			clusterSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(kuberay.ClusterLabel)),
 			managedSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(names.ManagedByLabel+"="+names.ManagedByValue)),
 			pods: coreinformers.NewFilteredPodInformer(kube, ns, 0, cache.Indexers{clusterIndex: podClusterIndex},
 				labelled(kuberay.NodeTypeLabel)),
 		}
-		for _, inf := range []cache.SharedIndexInformer{s.clusters, s.clusterSecrets, s.managedSecrets, s.pods} {
+		for _, inf := range []cache.SharedIndexInformer{s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods} {
 			_ = inf.SetTransform(stripManagedFields)
 		}
 		c.scopes[ns] = s
@@ -124,7 +133,7 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
 func (c *Caches) all() []cache.SharedIndexInformer {
 	var infs []cache.SharedIndexInformer
 	for _, s := range c.scopes {
-		infs = append(infs, s.clusters, s.clusterSecrets, s.managedSecrets, s.pods)
+		infs = append(infs, s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods)
 	}
 	for _, inf := range c.sources {
 		infs = append(infs, inf)
@@ -165,16 +174,7 @@ func (c *Caches) InScope(ns string) bool { return c.scopeFor(ns) != nil }
 
 // RayCluster returns a cached RayCluster; callers must DeepCopy before changing it.
 func (c *Caches) RayCluster(ns, name string) (*unstructured.Unstructured, bool) {
-	s := c.scopeFor(ns)
-	if s == nil {
-		return nil, false
-	}
-	obj, ok, _ := s.clusters.GetIndexer().GetByKey(ns + "/" + name)
-	if !ok {
-		return nil, false
-	}
-	u, ok := obj.(*unstructured.Unstructured)
-	return u, ok
+	return objectFrom(c.scopeFor(ns), func(s *scope) cache.SharedIndexInformer { return s.clusters }, ns, name)
 }
 
 // RayClusters lists cached RayClusters in ns, or in every watched namespace when ns is "".
@@ -198,6 +198,28 @@ func (c *Caches) RayClusters(ns string) []*unstructured.Unstructured {
 		add(s.clusters.GetIndexer().List())
 	}
 	return out
+}
+
+// RayService returns a cached RayService.
+func (c *Caches) RayService(ns, name string) (*unstructured.Unstructured, bool) {
+	return objectFrom(c.scopeFor(ns), func(s *scope) cache.SharedIndexInformer { return s.services }, ns, name)
+}
+
+// RayJob returns a cached RayJob.
+func (c *Caches) RayJob(ns, name string) (*unstructured.Unstructured, bool) {
+	return objectFrom(c.scopeFor(ns), func(s *scope) cache.SharedIndexInformer { return s.jobs }, ns, name)
+}
+
+func objectFrom(s *scope, pick func(*scope) cache.SharedIndexInformer, ns, name string) (*unstructured.Unstructured, bool) {
+	if s == nil {
+		return nil, false
+	}
+	obj, ok, _ := pick(s).GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	return u, ok
 }
 
 // ClusterSecret returns a cached Secret labelled ray.io/cluster (KubeRay's shape).

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
@@ -43,7 +42,7 @@ func rc(ns, name string) *unstructured.Unstructured {
 func TestEventsBecomeKeys(t *testing.T) {
 	src := types.NamespacedName{Namespace: "sys", Name: "token"}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{kuberay.RayClusterGVR: "RayClusterList"}, rc("ray", "c1"), rc("ray", "c2"), rc("other", "c3"))
+		kuberay.ListKinds, rc("ray", "c1"), rc("ray", "c2"), rc("other", "c3"))
 	c := New(fake.NewClientset(), dyn, Config{Sources: []types.NamespacedName{src}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -56,6 +55,7 @@ func TestEventsBecomeKeys(t *testing.T) {
 	c1, c2 := Key{Kind: ClusterKey, Namespace: "ray", Name: "c1"}, Key{Kind: ClusterKey, Namespace: "ray", Name: "c2"}
 	c3 := Key{Kind: ClusterKey, Namespace: "other", Name: "c3"}
 	srcKey := Key{Kind: SourceKey, Namespace: "sys", Name: "token"}
+	wave := Key{Kind: WaveKey}
 	secret := func(rv, value string, labels map[string]string) *corev1.Secret {
 		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "ray", ResourceVersion: rv, Labels: labels},
 			Data: map[string][]byte{"auth_token": []byte(value)}}
@@ -72,13 +72,14 @@ func TestEventsBecomeKeys(t *testing.T) {
 		do   func()
 		want []Key
 	}{
-		{"cluster added", func() { h.cluster.OnAdd(cluster("1"), false) }, []Key{c1}},
+		{"cluster added: the cluster and the wave", func() { h.cluster.OnAdd(cluster("1"), false) }, []Key{c1, wave}},
 		{"cluster resync ignored", func() { h.cluster.OnUpdate(cluster("1"), cluster("1")) }, nil},
-		{"cluster changed", func() { h.cluster.OnUpdate(cluster("1"), cluster("2")) }, []Key{c1}},
-		{"cluster deleted (tombstone): cluster and namespace", func() {
+		{"cluster changed", func() { h.cluster.OnUpdate(cluster("1"), cluster("2")) }, []Key{c1, wave}},
+		{"cluster deleted (tombstone): cluster, namespace and wave", func() {
 			h.cluster.OnDelete(cache.DeletedFinalStateUnknown{Key: "ray/c1", Obj: cluster("2")})
-		}, []Key{c1, {Kind: NamespaceKey, Namespace: "ray"}}},
-		{"KubeRay Secret maps to its cluster", func() { h.byClusterLabel.OnAdd(secret("1", "x", owned), false) }, []Key{c1}},
+		}, []Key{c1, {Kind: NamespaceKey, Namespace: "ray"}, wave}},
+		{"KubeRay Secret maps to its cluster", func() { h.byClusterLabel.OnAdd(secret("1", "x", owned), false) }, []Key{c1, wave}},
+		{"RayService or RayJob changed: the wave", func() { h.owner.OnUpdate(cluster("1"), cluster("2")) }, []Key{wave}},
 		{"KubeRay Secret resync ignored", func() { h.byClusterLabel.OnUpdate(secret("1", "x", owned), secret("1", "x", owned)) }, nil},
 		{"unlabelled object ignored", func() { h.byClusterLabel.OnAdd(secret("1", "x", nil), false) }, nil},
 		{"managed copy: every cluster in its namespace, then prune", func() { h.managedSecret.OnDelete(secret("1", "x", nil)) },
@@ -89,9 +90,9 @@ func TestEventsBecomeKeys(t *testing.T) {
 			h.source(src).OnUpdate(a, b)
 		}, []Key{srcKey}},
 		{"source resync: nothing", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("1", "x", nil)) }, nil},
-		{"source rotation: source and every cluster", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("2", "y", nil)) },
-			[]Key{srcKey, c1, c2, c3}},
-		{"source deleted: source and every cluster", func() { h.source(src).OnDelete(secret("2", "y", nil)) }, []Key{srcKey, c1, c2, c3}},
+		{"source rotation: source, every cluster, the wave", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("2", "y", nil)) },
+			[]Key{srcKey, c1, c2, c3, wave}},
+		{"source deleted: source, every cluster, the wave", func() { h.source(src).OnDelete(secret("2", "y", nil)) }, []Key{srcKey, c1, c2, c3, wave}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -27,6 +27,11 @@ const (
 var (
 	RayClusterGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}
 	RayClusterGVK = schema.GroupVersionKind{Group: "ray.io", Version: "v1", Kind: "RayCluster"}
+	RayServiceGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayservices"}
+	RayJobGVR     = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
+
+	// ListKinds names the list kind of each resource raysync watches (for client-go's dynamic fake).
+	ListKinds = map[schema.GroupVersionResource]string{RayClusterGVR: "RayClusterList", RayServiceGVR: "RayServiceList", RayJobGVR: "RayJobList"}
 )
 
 // CheckName is KubeRay's utils.CheckName (v1.4–v1.7): names longer than 50 bytes keep their last 50;

@@ -34,6 +34,14 @@ type SourceState struct {
 	NotAfter time.Time
 }
 
+// RotationState is one cluster's token rotation state at scrape time.
+type RotationState struct {
+	Namespace, RayCluster string
+	Kind                  string // RayService, RayJob or RayCluster (standalone)
+	State                 string // names.Token*
+	Since                 time.Time
+}
+
 // ClusterRef names a RayCluster.
 type ClusterRef struct{ Namespace, RayCluster string }
 
@@ -44,6 +52,10 @@ type Snapshot struct {
 	StalePods []StalePods
 	// Deferred are clusters whose template patch waits (upgradeStrategy Recreate with running pods).
 	Deferred []ClusterRef
+	// Rotations are the clusters whose token raysync manages, by rotation state.
+	Rotations []RotationState
+	// Now is when the snapshot was taken (ages are measured from it).
+	Now time.Time
 }
 
 // SourcesConfigured gives every per-source counter a series at 0 for each configured source, so
@@ -66,6 +78,10 @@ type Metrics struct {
 	PodsRecycled      *prometheus.CounterVec
 	// Leader is 1 while this replica holds the lease and writes (always 1 without leader election).
 	Leader prometheus.Gauge
+	// RotationsStarted counts replacements and restarts raysync performed, by action.
+	RotationsStarted *prometheus.CounterVec
+	// RotationDuration is how long a replacement or restart took, from start to completion.
+	RotationDuration prometheus.Histogram
 
 	own []prometheus.Collector // raysync's own collectors (for Names)
 }
@@ -100,6 +116,15 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "raysync_leader",
 			Help: "1 while this replica is the leader (the only one that writes), else 0.",
 		}),
+		RotationsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "raysync_rotations_performed_total",
+			Help: "Replacements (a RayService's cluster) and restarts (a whole RayCluster) raysync started to move running clusters to a new token.",
+		}, []string{"action"}),
+		RotationDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "raysync_rotation_duration_seconds",
+			Help:    "Time from starting a replacement or restart to the cluster serving on the new token (old cluster gone, or restarted cluster ready).",
+			Buckets: prometheus.ExponentialBuckets(5, 2, 12), // 5 s … ~2.8 h
+		}),
 		PodsRecycled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_pods_recycled_total",
 			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
@@ -111,11 +136,14 @@ func New(snapshot func() Snapshot) *Metrics {
 	for _, r := range names.Results {
 		m.Syncs.WithLabelValues(r)
 	}
+	for _, a := range []string{names.PolicyReplace, names.PolicyRestart} {
+		m.RotationsStarted.WithLabelValues(a)
+	}
 	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
-		&stateCollector{snapshot: snapshot}}
+		m.RotationsStarted, m.RotationDuration, &stateCollector{snapshot: snapshot}}
 	m.own = append(m.own, clientGoCollectors...)
 	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
-		&stateCollector{snapshot: snapshot},
+		m.RotationsStarted, m.RotationDuration, &stateCollector{snapshot: snapshot},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -154,8 +182,13 @@ var (
 	targetsDesc = prometheus.NewDesc("raysync_targets",
 		"In-scope RayClusters by target kind and state.", []string{"kind", "state"}, nil)
 	stalePodsDesc = prometheus.NewDesc("raysync_stale_pods",
-		"Running Ray pods with an outdated token (started before their Secret got it) or lacking a pull secret or the autoscaler TLS.",
+		"Running Ray pods lacking a pull secret or the autoscaler TLS (they pick it up when restarted).",
 		[]string{"namespace", "raycluster", "reason"}, nil)
+	rotationClustersDesc = prometheus.NewDesc("raysync_rotation_clusters",
+		"RayClusters by owner kind and token rotation state: current, behind (running on an older token), rotating (being replaced or restarted), blocked (rotating longer than --rotation-timeout).",
+		[]string{"kind", "state"}, nil)
+	oldestBehindDesc = prometheus.NewDesc("raysync_rotation_oldest_behind_seconds",
+		"How long the cluster longest behind the current canonical token has been behind (0 when none is).", nil, nil)
 	certExpiryDesc = prometheus.NewDesc("raysync_autoscaler_client_cert_expiry_timestamp_seconds",
 		"Unix time at which the autoscaler client certificate in the source expires.", []string{"source"}, nil)
 	deferredDesc = prometheus.NewDesc("raysync_template_deferred",
@@ -172,6 +205,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- stalePodsDesc
 	ch <- certExpiryDesc
 	ch <- deferredDesc
+	ch <- rotationClustersDesc
+	ch <- oldestBehindDesc
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -200,6 +235,24 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, d := range s.Deferred {
 		ch <- prometheus.MustNewConstMetric(deferredDesc, prometheus.GaugeValue, 1, d.Namespace, d.RayCluster)
 	}
+	rotations := map[[2]string]int{}
+	var oldest time.Time
+	for _, r := range s.Rotations {
+		rotations[[2]string{r.Kind, r.State}]++
+		if (r.State == names.TokenBehind || r.State == names.TokenBlocked) && !r.Since.IsZero() && (oldest.IsZero() || r.Since.Before(oldest)) {
+			oldest = r.Since
+		}
+	}
+	for _, kind := range []string{"RayService", "RayJob", "RayCluster"} {
+		for _, st := range names.TokenStates {
+			ch <- prometheus.MustNewConstMetric(rotationClustersDesc, prometheus.GaugeValue, float64(rotations[[2]string{kind, st}]), kind, st)
+		}
+	}
+	age := 0.0
+	if !oldest.IsZero() && s.Now.After(oldest) {
+		age = s.Now.Sub(oldest).Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(oldestBehindDesc, prometheus.GaugeValue, age)
 }
 
 func boolFloat(b bool) float64 {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/raysync/raysync/internal/names"
@@ -17,7 +18,13 @@ func TestScrapeTimeState(t *testing.T) {
 			{Namespace: "ray", RayCluster: "a", Kind: string(names.KindAuthToken), State: names.StateInSync},
 			{Namespace: "ray", RayCluster: "b", Kind: string(names.KindAuthToken), State: names.StateNotOwned},
 		},
-		StalePods: []StalePods{{Namespace: "ray", RayCluster: "a", Reason: "token", Count: 2}},
+		StalePods: []StalePods{{Namespace: "ray", RayCluster: "a", Reason: "pull_secret", Count: 2}},
+		Rotations: []RotationState{
+			{Namespace: "ray", RayCluster: "a", Kind: "RayService", State: names.TokenCurrent},
+			{Namespace: "ray", RayCluster: "b", Kind: "RayCluster", State: names.TokenBehind, Since: time.Unix(1000, 0)},
+			{Namespace: "ray", RayCluster: "c", Kind: "RayCluster", State: names.TokenBlocked, Since: time.Unix(1100, 0)},
+		},
+		Now: time.Unix(1600, 0),
 	}
 	m := New(func() Snapshot { return snap })
 	want := `
@@ -31,9 +38,12 @@ raysync_targets{kind="auth_token",state="source_invalid"} 0
 # TYPE raysync_target_in_sync gauge
 raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="a"} 1
 raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="b"} 0
-# HELP raysync_stale_pods Running Ray pods with an outdated token (started before their Secret got it) or lacking a pull secret or the autoscaler TLS.
+# HELP raysync_stale_pods Running Ray pods lacking a pull secret or the autoscaler TLS (they pick it up when restarted).
 # TYPE raysync_stale_pods gauge
-raysync_stale_pods{namespace="ray",raycluster="a",reason="token"} 2
+raysync_stale_pods{namespace="ray",raycluster="a",reason="pull_secret"} 2
+# HELP raysync_rotation_oldest_behind_seconds How long the cluster longest behind the current canonical token has been behind (0 when none is).
+# TYPE raysync_rotation_oldest_behind_seconds gauge
+raysync_rotation_oldest_behind_seconds 600
 # HELP raysync_source_valid 1 if the canonical source Secret exists and holds a valid value, else 0 (targets are then left untouched).
 # TYPE raysync_source_valid gauge
 raysync_source_valid{source="sys/token"} 1
@@ -41,6 +51,12 @@ raysync_source_valid{source="sys/token"} 1
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want),
 		"raysync_targets", "raysync_target_in_sync", "raysync_stale_pods", "raysync_source_valid"); err != nil {
 		t.Fatal(err)
+	}
+	if v := testutil.ToFloat64(gaugeOf(t, m, "raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"})); v != 1 {
+		t.Errorf("raysync_rotation_clusters{kind=RayCluster,state=behind} = %v, want 1", v)
+	}
+	if n := testutil.CollectAndCount(m.Registry, "raysync_rotation_clusters"); n != 12 {
+		t.Errorf("raysync_rotation_clusters has %d series, want 12 (3 kinds x 4 states, zeros included)", n)
 	}
 	// A cluster that disappears from the caches leaves no series.
 	snap.Targets = snap.Targets[:1]
@@ -59,6 +75,7 @@ func TestEveryMetricIsRegistered(t *testing.T) {
 	m.PodsRecycled.WithLabelValues("pull_secret")
 	m.Rotations.WithLabelValues("a/b")
 	m.LastRotation.WithLabelValues("a/b")
+	m.RotationDuration.Observe(30)
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +87,8 @@ func TestEveryMetricIsRegistered(t *testing.T) {
 	for _, name := range []string{"raysync_source_valid", "raysync_source_rotations_total", "raysync_source_last_rotation_timestamp_seconds",
 		"raysync_target_in_sync", "raysync_targets", "raysync_stale_pods", "raysync_sync_total", "raysync_propagation_seconds",
 		"raysync_autoscaler_client_cert_expiry_timestamp_seconds", "raysync_template_deferred", "raysync_template_reapplied_total",
-		"raysync_pods_recycled_total", "raysync_leader", "go_goroutines", "process_resident_memory_bytes"} {
+		"raysync_pods_recycled_total", "raysync_leader", "raysync_rotation_clusters", "raysync_rotation_oldest_behind_seconds",
+		"raysync_rotations_performed_total", "raysync_rotation_duration_seconds", "go_goroutines", "process_resident_memory_bytes"} {
 		if !have[name] {
 			t.Errorf("%s not exported", name)
 		}
@@ -86,4 +104,29 @@ func TestNamesListsEveryRaysyncMetric(t *testing.T) {
 			t.Errorf("Names() lacks %s: %s", n, names)
 		}
 	}
+}
+
+// gaugeOf picks one series of a gathered family as a collector testutil can read.
+func gaugeOf(t *testing.T, m *Metrics, name string, labels map[string]string) prometheus.Collector {
+	t.Helper()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x"}, func() float64 { return mt.GetGauge().GetValue() })
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return nil
 }

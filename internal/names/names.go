@@ -25,6 +25,42 @@ const (
 	StaleReportedAnnotation = "raysync.dev/stale-reported"
 )
 
+// Rotation: how a running cluster moves to a new canonical token (README, "Rotation").
+const (
+	// RotationAnnotation on a RayCluster (RayServices and RayJobs copy theirs onto their clusters)
+	// chooses the cluster's policy: replace, restart or hold.
+	RotationAnnotation = "raysync.dev/rotation"
+	PolicyReplace      = "replace"
+	PolicyRestart      = "restart"
+	PolicyHold         = "hold"
+
+	// RotationIDAnnotation is the rotation number raysync writes into a RayService's head pod template:
+	// changing it makes KubeRay start a new cluster (a rotation number, never the token or its hash).
+	RotationIDAnnotation = "raysync.dev/rotation-id"
+	// RotationStartedAnnotation marks a replacement (on the RayService) or a restart (on the RayCluster)
+	// in flight since that time; RotationTargetAnnotation names the rotation it moves to.
+	RotationStartedAnnotation = "raysync.dev/rotation-started"
+	RotationTargetAnnotation  = "raysync.dev/rotation-target"
+	// RotationBlockedAnnotation records when raysync reported the rotation in flight as blocked.
+	RotationBlockedAnnotation = "raysync.dev/rotation-blocked"
+	// RotateAnnotation is set by `syncer rotate`: rotate this cluster now, whatever its policy.
+	RotateAnnotation = "raysync.dev/rotate"
+
+	// KindRotationLedger marks the Secret that numbers the canonical tokens raysync has seen.
+	KindRotationLedger = "rotation_ledger"
+)
+
+// Token rotation states: raysync_rotation_clusters{state} and `syncer status`.
+const (
+	TokenCurrent  = "current"
+	TokenBehind   = "behind"
+	TokenRotating = "rotating"
+	TokenBlocked  = "blocked"
+)
+
+// TokenStates lists every token rotation state.
+var TokenStates = []string{TokenCurrent, TokenBehind, TokenRotating, TokenBlocked}
+
 // Kind is what a target holds: the label value of raysync_targets{kind} and raysync_target_in_sync{kind},
 // and the value of KindAnnotation on managed copies.
 type Kind string
@@ -94,6 +130,10 @@ const (
 	ReasonTemplatePatchDeferred = "TemplatePatchDeferred"
 	ReasonPodRecycled           = "PodRecycled"
 	ReasonStalePodConfig        = "StalePodConfig"
+	ReasonRotationStarted       = "RotationStarted"
+	ReasonRotationCompleted     = "RotationCompleted"
+	ReasonRotationBlocked       = "RotationBlocked"
+	ReasonRotationHeld          = "RotationHeld"
 )
 
 // TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.

@@ -76,8 +76,13 @@ func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInpu
 	if plan.Refused > 0 {
 		a.metrics.Syncs.WithLabelValues(names.ResultRefused).Add(float64(plan.Refused))
 	}
-	if plan.TemplatesInPlace && !in.Memory.templatesApplied {
-		a.memory.update(key, in.Cluster.GetUID(), func(m *clusterMemory) { m.templatesApplied = true })
+	if (plan.TemplatesInPlace && !in.Memory.templatesApplied) || (plan.SeenDigest != "" && plan.SeenDigest != in.Memory.lastDigest) {
+		a.memory.update(key, in.Cluster.GetUID(), func(m *clusterMemory) {
+			m.templatesApplied = m.templatesApplied || plan.TemplatesInPlace
+			if plan.SeenDigest != "" {
+				m.lastDigest = plan.SeenDigest
+			}
+		})
 	}
 	return errors.Join(podErrs...)
 }
@@ -138,6 +143,8 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		}
 	case DeletePod:
 		return a.deletePod(ctx, act, log)
+	case PatchRotation:
+		return a.patchRotation(ctx, act)
 	case RecordEvent:
 		a.recorder.Event(act.Object, act.Type, act.Reason, act.Message)
 		if act.DedupKey != "" && rc != nil {
@@ -242,6 +249,64 @@ func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger)
 		return nil // gone or changed since we looked: the next event brings it back to us
 	}
 	return fmt.Errorf("recycle pod %s/%s: %w", p.Namespace, p.Name, err)
+}
+
+// wave executes the wave's actions in order, stops at the first failure, and returns the units whose
+// rotation it started.
+func (a *applier) wave(ctx context.Context, w wavePlan) ([]string, error) {
+	var started []string
+	for _, act := range w.Actions {
+		if err := a.do(ctx, informer.Key{Kind: informer.WaveKey}, nil, act, a.log); err != nil {
+			if errors.Is(err, errVanished) {
+				continue // what it was aimed at is gone: nothing to do for it
+			}
+			return started, err
+		}
+		if p, ok := act.(PatchRotation); ok && p.Starts != "" {
+			started = append(started, p.Kind+"/"+p.Namespace+"/"+p.Name)
+		}
+	}
+	return started, nil
+}
+
+// patchRotation sends a rotation's patch: server-side apply with raysync's field manager on a
+// RayService (raysync owns only its own fields there), a merge patch with a resourceVersion on a RayCluster.
+func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
+	log := a.log.With(zap.String("namespace", p.Namespace), zap.String(strings.ToLower(p.Kind), p.Name))
+	if a.dryRun {
+		log.Info("dry-run: would patch " + p.Kind + " for a token rotation")
+		return nil
+	}
+	var err error
+	if p.Kind == "RayService" {
+		force := true
+		_, err = a.dyn.Resource(kuberay.RayServiceGVR).Namespace(p.Namespace).Patch(ctx, p.Name, types.ApplyPatchType, p.Patch,
+			metav1.PatchOptions{FieldManager: names.FieldManager, Force: &force})
+	} else {
+		_, err = a.dyn.Resource(kuberay.RayClusterGVR).Namespace(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, p.Patch,
+			metav1.PatchOptions{FieldManager: names.FieldManager})
+	}
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err):
+		return errVanished
+	case apierrors.IsConflict(err):
+		return err
+	default:
+		a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
+		return fmt.Errorf("patch %s %s/%s for a token rotation: %w", p.Kind, p.Namespace, p.Name, err)
+	}
+	switch {
+	case p.Starts != "":
+		a.metrics.RotationsStarted.WithLabelValues(p.Starts).Inc()
+		log.Info("token rotation started", zap.String("action", p.Starts))
+	case p.Completes > 0:
+		a.metrics.RotationDuration.Observe(p.Completes.Seconds())
+		log.Info("token rotation completed", zap.Duration("took", p.Completes))
+	default:
+		log.Info("token rotation advanced")
+	}
+	return nil
 }
 
 // sourceChange reports what one observation of a source meant: a SourceInvalid Warning on the source

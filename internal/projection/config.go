@@ -33,6 +33,11 @@ type Config struct {
 	Prune bool
 	// Pods configures pull secrets and the autoscaler's client TLS (off when empty).
 	Pods PodOptions
+	// Rotation says how running clusters move to a new token.
+	Rotation RotationOptions
+	// Ledger is the Secret numbering the canonical tokens (rotations) raysync has seen, in raysync's
+	// own namespace. Empty: rotations are not numbered, and nothing is replaced or restarted.
+	Ledger types.NamespacedName
 }
 
 // PodOptions configure registry pull secrets and the autoscaler's client TLS. Zero value: both off.
@@ -63,6 +68,12 @@ func (c Config) withDefaults() Config {
 	if c.ClusterSelector == nil {
 		c.ClusterSelector = labels.Everything()
 	}
+	if c.Rotation.Policies == nil {
+		c.Rotation.Policies = DefaultPolicies
+	}
+	if c.Rotation.MaxConcurrent == 0 {
+		c.Rotation.MaxConcurrent = DefaultMaxConcurrentRotations
+	}
 	return c
 }
 
@@ -73,6 +84,14 @@ func (c Config) Sources() []types.NamespacedName {
 		out = append(out, *c.Pods.AutoscalerTLS)
 	}
 	return out
+}
+
+// Watched lists every single Secret raysync watches by name: the sources, then the ledger.
+func (c Config) Watched() []types.NamespacedName {
+	if c.Ledger.Name == "" {
+		return c.Sources()
+	}
+	return append(c.Sources(), c.Ledger)
 }
 
 // InScope is the one predicate for "raysync manages this RayCluster": it matches the selector, is not

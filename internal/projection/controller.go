@@ -38,7 +38,13 @@ type Controller struct {
 	now      func() time.Time
 	// sourcesSeen remembers each source's last content, to count rotations.
 	sourcesSeen *sourceTracker
+	// expected are the replacements and restarts this process started that the caches may not show
+	// yet: they count as in flight, so a lagging cache never lets the wave exceed its bound.
+	expected *expectations
 }
+
+// waveDelay gathers the events of a busy moment into one wave decision.
+const waveDelay = 200 * time.Millisecond
 
 // New wires a controller to its caches. Call Run to start workers. With dryRun it writes nothing.
 func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Caches, recorder record.EventRecorder,
@@ -49,6 +55,7 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Cach
 		cfg: cfg, caches: caches, memory: mem, metrics: m, recorder: recorder, log: log, now: time.Now,
 		gather:      &gatherer{caches: caches, cfg: cfg, memory: mem},
 		sourcesSeen: &sourceTracker{seen: map[types.NamespacedName]sourceMemory{}},
+		expected:    &expectations{started: map[string]time.Time{}},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedMaxOfRateLimiter(
 				workqueue.NewTypedItemExponentialFailureRateLimiter[informer.Key](5*time.Millisecond, 2*time.Minute),
@@ -63,10 +70,19 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Cach
 	for _, s := range cfg.Sources() {
 		m.SourcesConfigured(s.String())
 	}
-	if err := caches.AddEventHandlers(c.queue.Add); err != nil {
+	if err := caches.AddEventHandlers(c.enqueue); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// enqueue adds a key; the wave key after a short delay, so that one decision covers a burst of events.
+func (c *Controller) enqueue(k informer.Key) {
+	if k.Kind == informer.WaveKey {
+		c.queue.AddAfter(k, waveDelay)
+		return
+	}
+	c.queue.Add(k)
 }
 
 // Snapshot is the scrape-time state for the metrics collector (on standbys too).
@@ -108,7 +124,9 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	case informer.NamespaceKey:
 		err = c.syncNamespace(ctx, key.Namespace)
 	case informer.SourceKey:
-		c.syncSource(types.NamespacedName{Namespace: key.Namespace, Name: key.Name})
+		err = c.syncSource(ctx, types.NamespacedName{Namespace: key.Namespace, Name: key.Name})
+	case informer.WaveKey:
+		err = c.syncWave(ctx)
 	}
 	if err == nil {
 		c.queue.Forget(key)
@@ -168,12 +186,82 @@ func (c *Controller) syncNamespace(ctx context.Context, ns string) error {
 	return errors.Join(errs...)
 }
 
-// syncSource validates one source and accounts for rotations of its content. Targets are reconciled
-// by their own keys (the source's event handler enqueues every cluster).
-func (c *Controller) syncSource(name types.NamespacedName) {
-	for _, src := range c.gather.sources(c.now()).all() {
+// syncSource validates one source and accounts for rotations of its content: the token source's
+// new content gets the next number in the rotation ledger. Targets are reconciled by their own keys
+// (the source's event handler enqueues every cluster and the wave).
+func (c *Controller) syncSource(ctx context.Context, name types.NamespacedName) error {
+	now := c.now()
+	sources := c.gather.sources(now)
+	for _, src := range sources.all() {
 		if src.name == name {
 			c.apply.sourceChange(src, c.sourcesSeen.observe(src, c.cfg.SourceKey))
 		}
+	}
+	if c.cfg.Ledger.Name == "" || !sources.token.valid() || (name != c.cfg.Source && name != c.cfg.Ledger) {
+		return nil
+	}
+	cur, _ := c.caches.Source(c.cfg.Ledger)
+	next, changed := sources.ledger.observed(sources.token.digest, now)
+	if !changed {
+		return nil
+	}
+	act := Action(UpdateSecret{Secret: desiredLedger(c.cfg.Ledger, cur, next)})
+	if cur == nil {
+		act = CreateSecret{Secret: desiredLedger(c.cfg.Ledger, nil, next)}
+	}
+	c.log.Info("new canonical token: rotation recorded in the ledger", zap.Int("rotation", next[len(next)-1].ID),
+		zap.String("ledger", c.cfg.Ledger.String()))
+	return c.apply.do(ctx, informer.Key{Kind: informer.SourceKey, Namespace: name.Namespace, Name: name.Name}, nil, act, c.log)
+}
+
+// syncWave decides and performs the fleet's replacements and restarts (one at a time: one key).
+func (c *Controller) syncWave(ctx context.Context) error {
+	now := c.now()
+	w := planWave(c.gather.views(now), c.cfg, now, c.expected.pending(now))
+	c.expected.observed(w.Observed)
+	started, err := c.apply.wave(ctx, w)
+	c.expected.add(started, now)
+	if w.RequeueAfter > 0 {
+		c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, w.RequeueAfter)
+	}
+	return err
+}
+
+// expectations are rotations started by this process, until the caches show them.
+type expectations struct {
+	mu      sync.Mutex
+	started map[string]time.Time
+}
+
+// expectTTL: a start the caches have not shown by then is given up on (the caches then decide).
+const expectTTL = time.Minute
+
+func (e *expectations) pending(now time.Time) map[string]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]bool{}
+	for k, t := range e.started {
+		if now.Sub(t) > expectTTL {
+			delete(e.started, k)
+			continue
+		}
+		out[k] = true
+	}
+	return out
+}
+
+func (e *expectations) add(keys []string, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range keys {
+		e.started[k] = now
+	}
+}
+
+func (e *expectations) observed(keys []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range keys {
+		delete(e.started, k)
 	}
 }

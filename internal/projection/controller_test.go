@@ -262,8 +262,8 @@ func TestPruneNamespace(t *testing.T) {
 func TestSyncSourceCountsRotations(t *testing.T) {
 	h := newHarness(t, false, nil, sourceSecret(token))
 	rotations := func() float64 { return testutil.ToFloat64(h.metrics.Rotations.WithLabelValues(tokenSrc.String())) }
-	h.ctrl.syncSource(tokenSrc)
-	h.ctrl.syncSource(tokenSrc)
+	_ = h.ctrl.syncSource(context.Background(), tokenSrc)
+	_ = h.ctrl.syncSource(context.Background(), tokenSrc)
 	if rotations() != 0 {
 		t.Fatalf("first observation counted as rotation")
 	}
@@ -272,11 +272,11 @@ func TestSyncSourceCountsRotations(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(tokenSrc); return string(s.Data["auth_token"]) == " bad" })
-	h.ctrl.syncSource(tokenSrc)
+	_ = h.ctrl.syncSource(context.Background(), tokenSrc)
 	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], names.ReasonSourceInvalid) || strings.Contains(ev[0], " bad") {
 		t.Fatalf("want one SourceInvalid event without the value, got %v", ev)
 	}
-	h.ctrl.syncSource(tokenSrc)
+	_ = h.ctrl.syncSource(context.Background(), tokenSrc)
 	if ev := h.events(); len(ev) != 0 {
 		t.Fatalf("SourceInvalid repeated for the same reason: %v", ev)
 	}
@@ -287,7 +287,7 @@ func TestSyncSourceCountsRotations(t *testing.T) {
 		s, _ := h.ctrl.caches.Source(tokenSrc)
 		return string(s.Data["auth_token"]) == "new-token"
 	})
-	h.ctrl.syncSource(tokenSrc)
+	_ = h.ctrl.syncSource(context.Background(), tokenSrc)
 	if rotations() != 1 {
 		t.Fatalf("rotations = %v, want 1", rotations())
 	}
@@ -300,7 +300,7 @@ func TestSnapshotStates(t *testing.T) {
 				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(at)}}}}
 		}
 	}
-	syncedAt := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	pod := func(name, cluster string, opts ...func(*corev1.Pod)) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
 			Labels: map[string]string{kuberay.ClusterLabel: cluster, kuberay.NodeTypeLabel: "head"}}}
@@ -310,32 +310,37 @@ func TestSnapshotStates(t *testing.T) {
 		return p
 	}
 	h := newHarness(t, false,
-		[]*unstructured.Unstructured{rayCluster("in"), rayCluster("out"), rayCluster("foreign"), rayCluster("absent"), rayCluster("plain", withAuth(nil))},
+		[]*unstructured.Unstructured{rayCluster("in"), rayCluster("out"), rayCluster("behind"), rayCluster("foreign"), rayCluster("absent"), rayCluster("plain", withAuth(nil))},
 		sourceSecret(token),
-		secret(ns, "in", map[string]string{"auth_token": token}, ownedBy("in"), withSecretAnnotation(names.SyncedAtAnnotation, syncedAt.Format(time.RFC3339Nano))),
+		secret(ns, "in", map[string]string{"auth_token": token}, ownedBy("in")),
 		secret(ns, "out", map[string]string{"auth_token": oldToken}, ownedBy("out")),
+		secret(ns, "behind", map[string]string{"auth_token": oldToken}, ownedBy("behind")),
 		secret(ns, "foreign", map[string]string{"auth_token": oldToken}, ownedBy("foreign"), func(s *corev1.Secret) { s.OwnerReferences[0].UID = "x" }),
-		pod("in-head", "in", started(syncedAt.Add(-time.Minute))),
-		pod("in-worker", "in", started(syncedAt.Add(time.Minute))),
-		pod("in-pending", "in"),
+		pod("in-head", "in", started(at)),
+		pod("behind-head", "behind", started(at)),
+		pod("out-pending", "out"),
 	)
 	snap := h.ctrl.Snapshot()
 	got := map[string]string{}
 	for _, s := range snap.Targets {
 		got[s.RayCluster] = s.Kind + "/" + s.State
 	}
-	want := map[string]string{
-		"in": "auth_token/in_sync", "out": "auth_token/out_of_sync", "foreign": "auth_token/not_owned", "absent": "auth_token/out_of_sync",
-	}
+	// A running cluster's target holding the token its containers started with is as raysync wants it.
+	want := map[string]string{"in": "auth_token/in_sync", "out": "auth_token/out_of_sync", "behind": "auth_token/in_sync",
+		"foreign": "auth_token/not_owned", "absent": "auth_token/out_of_sync"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("targets = %v, want %v", got, want)
 	}
-	stale := map[string]int{}
-	for _, s := range snap.StalePods {
-		stale[s.RayCluster+"/"+s.Reason] = s.Count
+	rotations := map[string]string{}
+	for _, r := range snap.Rotations {
+		rotations[r.RayCluster] = r.Kind + "/" + r.State
 	}
-	if stale["in/token"] != 1 || stale["out/token"] != 0 || len(stale) != 4 {
-		t.Errorf("stale pods = %v, want in/token=1 and zeros for the other token targets", stale)
+	wantRot := map[string]string{"in": "RayCluster/current", "out": "RayCluster/current", "behind": "RayCluster/behind", "absent": "RayCluster/current"}
+	if fmt.Sprint(rotations) != fmt.Sprint(wantRot) {
+		t.Errorf("rotations = %v, want %v", rotations, wantRot)
+	}
+	if len(snap.StalePods) != 0 {
+		t.Errorf("stale pods %v: without pod sources there is nothing to be stale about", snap.StalePods)
 	}
 }
 

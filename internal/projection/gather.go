@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/kuberay"
 )
 
 // gatherer reads what a decision needs from the informer caches and raysync's memory. It makes no
@@ -21,9 +22,25 @@ type gatherer struct {
 	lookup func(ns, name string) *corev1.Secret
 }
 
+// views gathers and plans every cluster in scope, those being deleted included (a replacement is
+// done only once the old cluster is gone): what the wave decides on.
+func (g *gatherer) views(now time.Time) []clusterView {
+	sources := g.sources(now)
+	var out []clusterView
+	for _, rc := range g.caches.RayClusters("") {
+		if !g.cfg.InScope(rc) {
+			continue
+		}
+		in := g.cluster(rc, sources, now)
+		out = append(out, clusterView{in: in, plan: planCluster(in, g.cfg)})
+	}
+	return out
+}
+
 // sources reads and validates every configured source.
 func (g *gatherer) sources(now time.Time) *sourceView {
 	return readSources(g.cfg, func(n types.NamespacedName) *corev1.Secret {
+		// the sources and the ledger are all watched by name
 		s, _ := g.caches.Source(n)
 		return s
 	}, now)
@@ -34,6 +51,12 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 	ns, name := rc.GetNamespace(), rc.GetName()
 	in := &ClusterInput{Cluster: rc, Sources: sources, Pods: g.caches.Pods(ns, name), Now: now,
 		Memory: g.memory.of(clusterKey(ns, name), rc.GetUID())}
+	switch owner := metaString(rc, "labels", kuberay.OriginatedFromNameLabel); ownerKind(rc) {
+	case "RayService":
+		in.Owner, _ = g.caches.RayService(ns, owner)
+	case "RayJob":
+		in.Owner, _ = g.caches.RayJob(ns, owner)
+	}
 	if t, ok, err := TokenTargetFor(rc, g.cfg.Source); err == nil && ok && !t.IsSource {
 		in.targetName = t.Name
 		if t.Mode == Generated {

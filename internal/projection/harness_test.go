@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
@@ -69,7 +68,7 @@ func newDryRunHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstruc
 		dynObjs = append(dynObjs, rc)
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
-		map[schema.GroupVersionResource]string{kuberay.RayClusterGVR: "RayClusterList"}, dynObjs...)
+		kuberay.ListKinds, dynObjs...)
 	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{ns}, Sources: cfg.Sources()})
 	rec := record.NewFakeRecorder(100)
 	h := &harness{kube: kube, dyn: dyn, recorder: rec}

@@ -21,6 +21,8 @@ type clusterMemory struct {
 	foreign map[string]bool
 	// templatesApplied: raysync's template entries were in place once (a later patch re-applies them).
 	templatesApplied bool
+	// lastDigest is the digest of the token the cluster's target last held (never logged).
+	lastDigest string
 }
 
 // memory holds every cluster's clusterMemory, by cluster key.
@@ -52,7 +54,8 @@ func (m *memory) update(key informer.Key, uid types.UID, f func(*clusterMemory))
 	if cm == nil || cm.uid != uid {
 		cm = &clusterMemory{uid: uid}
 	}
-	next := &clusterMemory{uid: uid, templatesApplied: cm.templatesApplied, warned: maps.Clone(cm.warned), foreign: maps.Clone(cm.foreign)}
+	next := &clusterMemory{uid: uid, templatesApplied: cm.templatesApplied, lastDigest: cm.lastDigest,
+		warned: maps.Clone(cm.warned), foreign: maps.Clone(cm.foreign)}
 	if next.warned == nil {
 		next.warned = map[string]string{}
 	}

@@ -80,6 +80,8 @@ type ClusterInput struct {
 	Pods   []*corev1.Pod
 	Memory clusterMemory
 	Now    time.Time
+	// Owner is the cluster's RayService or RayJob as cached (nil for a standalone cluster).
+	Owner *unstructured.Unstructured
 	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.
 	targetName string
 	// drift checks the pod templates: templateDrift when nil, or the Reporter's memo of it (same answers).
@@ -97,6 +99,11 @@ type ClusterPlan struct {
 	Refused   int
 	// TemplatesInPlace: the cluster's templates carry every entry raysync wants.
 	TemplatesInPlace bool
+	// SeenDigest is the digest of the token the cluster's target holds, to remember (restores a
+	// deleted target whose running containers hold the current token).
+	SeenDigest string
+	// Rotation is where the cluster stands with its token (zero when raysync does not manage it).
+	Rotation tokenRotation
 }
 
 // ClusterStatus is where one in-scope RayCluster stands. Metrics and `syncer status` both read it.
@@ -114,6 +121,16 @@ type ClusterStatus struct {
 	AutoscalerTLS string         `json:"autoscalerTLS,omitempty"`
 	StalePods     map[string]int `json:"stalePods"` // by names.Stale* reason
 	Deferred      bool           `json:"templatePatchDeferred,omitempty"`
+	// Rotation is where the cluster's running containers stand with the token; nil when not applicable.
+	Rotation *RotationStatus `json:"rotation,omitempty"`
+}
+
+// RotationStatus is a cluster's token rotation state, as `syncer status` and the metrics report it.
+type RotationStatus struct {
+	State  string     `json:"state"`           // current, behind, rotating, blocked
+	Policy string     `json:"policy"`          // replace, restart, hold (after any fallback)
+	Since  *time.Time `json:"since,omitempty"` // behind or rotating since
+	Held   string     `json:"held,omitempty"`  // why the policy fell back to hold
 }
 
 // InSync reports whether every applicable target is in sync and no pod is stale.
@@ -128,7 +145,21 @@ func (s ClusterStatus) InSync() bool {
 			return false
 		}
 	}
+	if s.Rotation != nil && (s.Rotation.State == names.TokenBehind || s.Rotation.State == names.TokenBlocked) {
+		return false
+	}
 	return !s.Deferred
+}
+
+// rotation records where the cluster stands with its token.
+func (p *ClusterPlan) rotation(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) {
+	p.Rotation = classifyToken(in, cfg, t, holdsCurrent)
+	st := &RotationStatus{State: p.Rotation.State, Policy: p.Rotation.Policy, Held: p.Rotation.Held}
+	if !p.Rotation.Since.IsZero() {
+		since := p.Rotation.Since.UTC()
+		st.Since = &since
+	}
+	p.Status.Rotation = st
 }
 
 // planCluster decides everything about one managed RayCluster: its token target, then its managed

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -99,9 +98,6 @@ func TestPlanToken(t *testing.T) {
 	kuberays := secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))
 	ours := secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"), withSecretAnnotation(names.TokenSHA256Annotation, "0123456789abcdef"))
 	inSync := secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"), withSecretAnnotation(names.SyncedAtAnnotation, syncedAtValue))
-	oldPod := rayPod("c1-head", "c1", running, func(p *corev1.Pod) {
-		p.Status.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(planNow.Add(-2 * time.Hour))
-	})
 	projected := "auth Secret now holds the canonical token from raysync-system/ray-token"
 	tests := map[string]struct {
 		rc        *unstructured.Unstructured
@@ -184,20 +180,6 @@ func TestPlanToken(t *testing.T) {
 		},
 		"source missing: nothing, whatever the target holds": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberays)}, wantState: names.StateSourceInvalid,
-		},
-		"running pod older than the token: reported once, remembered on the target": {
-			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, opts: []func(*ClusterInput){target(inSync), pods(oldPod)}, wantState: names.StateInSync,
-			want: func(rc *unstructured.Unstructured) []Action {
-				marked := inSync.DeepCopy()
-				marked.Annotations[names.StaleReportedAnnotation] = syncedAtValue + "/c1"
-				return []Action{UpdateSecret{Secret: marked}, RecordEvent{Object: rc, Type: corev1.EventTypeWarning, Reason: names.ReasonStaleToken,
-					Message: "1 Ray pod(s) (e.g. c1-head) started before Secret c1 received its current token at " + syncedAtValue + "; they keep the old token until restarted"}}
-			},
-		},
-		"running pod older than the token, already reported for it": {
-			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, wantState: names.StateInSync,
-			opts: []func(*ClusterInput){target(secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"),
-				withSecretAnnotation(names.SyncedAtAnnotation, syncedAtValue), withSecretAnnotation(names.StaleReportedAnnotation, syncedAtValue+"/c0,c1"))), pods(oldPod)},
 		},
 	}
 	for name, tc := range tests {

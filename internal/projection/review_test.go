@@ -106,27 +106,6 @@ func TestPodsThatMustNotBeRecycled(t *testing.T) {
 	})
 }
 
-// Defect 5: a StaleToken Warning already emitted for a cluster and its token is not emitted again by
-// a restarted raysync (or a standby taking over).
-func TestStaleTokenWarningSurvivesRestart(t *testing.T) {
-	syncedAt := time.Now().Add(-time.Minute).UTC()
-	target := secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"),
-		withSecretAnnotation(names.SyncedAtAnnotation, syncedAt.Format(time.RFC3339Nano)), withSecretAnnotation(names.TokenSHA256Annotation, tokenDigest([]byte(token))))
-	oldPod := rayPod("c1-head", "c1", podOwnedBy("c1"), running, func(p *corev1.Pod) {
-		p.Status.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(syncedAt.Add(-time.Hour))
-	})
-	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")}, sourceSecret(token), target, oldPod)
-	h.syncUntilQuiet(t, "c1")
-	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], names.ReasonStaleToken) {
-		t.Fatalf("first raysync: events = %v, want one StaleToken", ev)
-	}
-	restarted := h.restart(t)
-	restarted.syncUntilQuiet(t, "c1")
-	if ev := restarted.events(); len(ev) != 0 {
-		t.Fatalf("restarted raysync: events = %v, want none (already reported for this token)", ev)
-	}
-}
-
 // Defect 5: nothing is remembered about a cluster once it has left the cache.
 func TestNothingRememberedAboutGoneClusters(t *testing.T) {
 	h := newPodHarness(t, templatedCluster("c1"), PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, pullSecretSource(), sourceSecret(token))

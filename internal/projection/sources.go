@@ -20,6 +20,9 @@ type sourceView struct {
 	token source
 	pull  []source
 	tls   *source // nil when no client certificate is configured
+	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
+	ledger   ledger
+	rotation rotation
 }
 
 // source is one configured source Secret as cached, and whether it can be used.
@@ -29,6 +32,7 @@ type source struct {
 	secret *corev1.Secret // nil when it does not exist
 	err    error          // why it cannot be used; nil when valid
 	value  []byte         // the token (auth_token kind only)
+	digest string         // tokenDigest(value) (auth_token kind only)
 	cert   AutoscalerTLS  // what the certificate says (autoscaler_tls kind only)
 	// template is how a valid certificate is wired into a cluster's templates (autoscaler_tls kind only).
 	template *TLSTemplate
@@ -40,6 +44,13 @@ func (s source) valid() bool { return s.err == nil }
 func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now time.Time) *sourceView {
 	v := &sourceView{token: source{name: cfg.Source, kind: names.KindAuthToken, secret: get(cfg.Source)}}
 	v.token.value, v.token.err = ValidateToken(v.token.secret, cfg.SourceKey)
+	if v.token.valid() {
+		v.token.digest = tokenDigest(v.token.value)
+	}
+	if cfg.Ledger.Name != "" {
+		v.ledger = readLedger(get(cfg.Ledger))
+		v.rotation, _ = v.ledger.current(v.token.digest)
+	}
 	for _, n := range cfg.Pods.PullSecrets {
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
 		s.err = ValidatePullSecret(s.secret)

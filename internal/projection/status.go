@@ -93,7 +93,7 @@ func sameTemplateConfig(a, b TemplateConfig) bool {
 func (r *Reporter) Snapshot() metrics.Snapshot {
 	sources, clusters := r.Status()
 	snap := metrics.Snapshot{Sources: sources, Targets: make([]metrics.TargetState, 0, 3*len(clusters)),
-		StalePods: make([]metrics.StalePods, 0, 3*len(clusters))}
+		StalePods: make([]metrics.StalePods, 0, 3*len(clusters)), Rotations: make([]metrics.RotationState, 0, len(clusters)), Now: r.now()}
 	for _, st := range clusters {
 		for _, t := range []struct {
 			kind  names.Kind
@@ -108,6 +108,17 @@ func (r *Reporter) Snapshot() metrics.Snapshot {
 		}
 		if st.Deferred {
 			snap.Deferred = append(snap.Deferred, metrics.ClusterRef{Namespace: st.Namespace, RayCluster: st.RayCluster})
+		}
+		if st.Rotation != nil {
+			kind := st.OwnerKind
+			if kind == "" {
+				kind = "RayCluster"
+			}
+			rs := metrics.RotationState{Namespace: st.Namespace, RayCluster: st.RayCluster, Kind: kind, State: st.Rotation.State}
+			if st.Rotation.Since != nil {
+				rs.Since = *st.Rotation.Since
+			}
+			snap.Rotations = append(snap.Rotations, rs)
 		}
 	}
 	return snap

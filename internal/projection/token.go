@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -57,8 +55,9 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 }
 
 // planToken decides rc's token target: create it in KubeRay's shape (or as a managed copy), write
-// the canonical token into it, refuse a Secret raysync does not own, or report pods that run with an
-// older token.
+// the canonical token into it while none of the cluster's containers has started, or refuse a Secret
+// raysync does not own. Once a container has started, the target keeps the token it started with: the
+// cluster moves to a new token only as a whole (rotation.go).
 func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc, src := in.Cluster, in.Sources.token
 	t, ok, err := TokenTargetFor(rc, cfg.Source)
@@ -70,11 +69,12 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		return
 	}
 	p.Status.Mode = t.Mode
-	p.Status.StalePods[names.StaleToken] = 0
+	started := anyStarted(in.Pods)
 	switch cur := in.Target; {
 	case !src.valid():
 		p.Status.Token = names.StateSourceInvalid // every target keeps its token; the source's own key reports it
 	case t.IsSource:
+		// raysync writes nothing; containers started before the source last changed hold its old token.
 		p.Status.Token = names.StateInSync
 		if !holdsToken(src.secret, src.value) {
 			p.Status.Token = names.StateOutOfSync
@@ -82,7 +82,14 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 				"spec.authOptions.secretName names the canonical source %s, but KubeRay reads key %q and the source keeps its token in %q: Ray pods will fail to start",
 				cfg.Source, kuberay.AuthTokenKey, cfg.SourceKey))
 		}
+		p.rotation(in, cfg, t, !startedBefore(in.Pods, in.Sources.rotation.FirstSeen))
+	case cur == nil && started && in.Memory.lastDigest != src.digest:
+		// Deleted under running containers whose token raysync cannot tell: writing any token would
+		// split the cluster. KubeRay will generate one; the cluster is behind and its policy moves it.
+		p.Status.Token = names.StateInSync
+		p.rotation(in, cfg, t, false)
 	case cur == nil:
+		// A new cluster, or one whose containers hold the current token (its Secret was deleted).
 		p.Status.Token = names.StateOutOfSync
 		if in.Memory.foreign[t.Name] {
 			p.Status.Token = names.StateNotOwned // the last create met a Secret raysync does not cache
@@ -93,68 +100,43 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		}
 		p.Actions = append(p.Actions, CreateSecret{Secret: desired, Propagates: true})
 		p.event(in, corev1.EventTypeNormal, names.ReasonTokenProjected, projectedMessage(cfg.Source))
+		p.rotation(in, cfg, t, true)
 	case !ownsTokenTarget(t, rc, cur):
 		p.Status.Token = names.StateNotOwned
 		p.Refused++
 		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
 			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
-	case !holdsToken(cur, src.value) || t.Mode == Referenced && !copyMetaCurrent(cur, cfg.Source, names.KindAuthToken):
+	case holdsToken(cur, src.value):
+		p.Status.Token = names.StateInSync
+		p.Unchanged = true
+		p.SeenDigest = src.digest
+		if t.Mode == Referenced && !copyMetaCurrent(cur, cfg.Source, names.KindAuthToken) {
+			// A copy of an earlier source already holding the token: only raysync's annotations change.
+			p.Status.Token, p.Unchanged = names.StateOutOfSync, false
+			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
+		}
+		p.rotation(in, cfg, t, true)
+	case !started:
 		p.Status.Token = names.StateOutOfSync
 		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
-		if holdsToken(cur, src.value) {
-			// Only raysync's annotations change (a copy of an earlier source): nothing to announce.
-			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
-			return
-		}
 		if cur.Annotations[names.TokenSHA256Annotation] != "" {
 			reason, message = names.ReasonTokenRotated, "auth Secret updated to the rotated canonical token from "+cfg.Source.String()
 		}
 		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, in.Now), Propagates: true})
 		p.event(in, corev1.EventTypeNormal, reason, message)
+		p.rotation(in, cfg, t, true)
 	default:
+		// Running containers hold the token the target holds: the target stays as it is (it is what
+		// raysync wants), and the cluster is behind until a replacement or restart moves it.
 		p.Status.Token = names.StateInSync
 		p.Unchanged = true
-		planStaleToken(in, cur, p)
+		p.SeenDigest = tokenDigest(cur.Data[kuberay.AuthTokenKey])
+		p.rotation(in, cfg, t, false)
 	}
 }
 
 func projectedMessage(source types.NamespacedName) string {
 	return "auth Secret now holds the canonical token from " + source.String()
-}
-
-// planStaleToken reports, once per cluster and token, running pods that started before their target
-// received the token it holds. Nothing is restarted. The report is remembered on the target itself
-// (StaleReportedAnnotation), so neither a restart nor a new leader repeats it.
-func planStaleToken(in *ClusterInput, target *corev1.Secret, p *ClusterPlan) {
-	since := syncedAt(target)
-	stale := stalePods(in.Pods, since)
-	p.Status.StalePods[names.StaleToken] = len(stale)
-	if len(stale) == 0 || staleReported(target, in.Cluster.GetName()) {
-		return
-	}
-	p.Actions = append(p.Actions, UpdateSecret{Secret: markStaleReported(target, in.Cluster.GetName())})
-	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeWarning, Reason: names.ReasonStaleToken,
-		Message: fmt.Sprintf("%d Ray pod(s) (e.g. %s) started before Secret %s received its current token at %s; they keep the old token until restarted",
-			len(stale), stale[0].Name, target.Name, since.UTC().Format(time.RFC3339))})
-}
-
-// staleReported reads StaleReportedAnnotation: "<synced-at>/<cluster>,<cluster>…" lists the clusters
-// whose stale pods were reported for the token written at synced-at (a referenced copy is shared).
-func staleReported(s *corev1.Secret, cluster string) bool {
-	at, list, ok := strings.Cut(s.Annotations[names.StaleReportedAnnotation], "/")
-	return ok && at == s.Annotations[names.SyncedAtAnnotation] && slices.Contains(strings.Split(list, ","), cluster)
-}
-
-func markStaleReported(s *corev1.Secret, cluster string) *corev1.Secret {
-	out := s.DeepCopy()
-	at := s.Annotations[names.SyncedAtAnnotation]
-	prev, list, ok := strings.Cut(s.Annotations[names.StaleReportedAnnotation], "/")
-	clusters := []string{cluster}
-	if ok && prev == at && list != "" {
-		clusters = append(strings.Split(list, ","), cluster)
-	}
-	out.Annotations[names.StaleReportedAnnotation] = at + "/" + strings.Join(clusters, ",")
-	return out
 }
 
 // ownsTokenTarget reports whether raysync may write secret as rc's token target: generated mode
@@ -225,26 +207,6 @@ func tokenDigest(token []byte) string {
 func holdsToken(s *corev1.Secret, token []byte) bool {
 	v, ok := s.Data[kuberay.AuthTokenKey]
 	return ok && bytes.Equal(v, token)
-}
-
-// stalePods lists pods with a container that started before the target received its current token
-// (the kubelet resolves secretKeyRef only when it creates a container). Pod start times have
-// one-second resolution, so a container that started in the same second as the write counts as fresh.
-func stalePods(pods []*corev1.Pod, tokenSince time.Time) []*corev1.Pod {
-	if tokenSince.IsZero() {
-		return nil
-	}
-	cutoff := tokenSince.Truncate(time.Second)
-	var stale []*corev1.Pod
-	for _, p := range pods {
-		for _, cs := range p.Status.ContainerStatuses {
-			if started := containerStartedAt(cs); !started.IsZero() && started.Before(cutoff) {
-				stale = append(stale, p)
-				break
-			}
-		}
-	}
-	return stale
 }
 
 func containerStartedAt(cs corev1.ContainerStatus) time.Time {

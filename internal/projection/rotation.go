@@ -1,0 +1,139 @@
+package projection
+
+import (
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
+)
+
+// Ray reads its token once per process and accepts only that one, so a running cluster moves to a new
+// token only as a whole (kuberay-facts.md). The invariant raysync keeps: once any container of a
+// cluster has started with a token, the cluster's auth Secret changes only as part of a replacement
+// or a restart that raysync performs. This file says where a cluster stands; wave.go decides which
+// clusters move, and when.
+
+// RotationOptions configure how running clusters move to a new token.
+type RotationOptions struct {
+	// Policies by owner kind: "RayService", "RayJob", and "" for a standalone RayCluster.
+	Policies map[string]string
+	// MaxConcurrent bounds the replacements and restarts in flight.
+	MaxConcurrent int
+	// Timeout is how long one may take before it blocks the wave.
+	Timeout time.Duration
+}
+
+// DefaultMaxConcurrentRotations bounds the replacements and restarts in flight. A replacement runs the
+// old and the new cluster side by side until traffic switches, so N in flight need the capacity of N
+// more clusters; a restart takes a cluster offline. Five keeps that to a node pool's usual headroom and
+// a bad rotation's reach to five clusters, and still moves 100 RayServices in 20 rounds.
+const DefaultMaxConcurrentRotations = 5
+
+// DefaultPolicies: a RayService can replace its cluster without downtime; anything else would stop
+// work someone is running, so it waits for its owner (or `syncer rotate`).
+var DefaultPolicies = map[string]string{"RayService": names.PolicyReplace, "RayJob": names.PolicyHold, "": names.PolicyHold}
+
+// tokenRotation is where one cluster stands with its token.
+type tokenRotation struct {
+	State  string    // names.Token*
+	Policy string    // the policy in force (after any fallback)
+	Since  time.Time // behind or rotating since
+	// Held says why the cluster's policy fell back to hold ("" when it did not).
+	Held string
+	// Unit is what moves the cluster: its RayService (replace) or itself (restart).
+	Unit *unstructured.Unstructured
+}
+
+// ownerKind is "RayService", "RayJob" or "" (standalone).
+func ownerKind(rc *unstructured.Unstructured) string {
+	switch k := metaString(rc, "labels", kuberay.OriginatedFromCRDLabel); k {
+	case "RayService", "RayJob":
+		return k
+	}
+	return ""
+}
+
+// policyOf is the cluster's rotation policy and, when it cannot apply, why it falls back to hold.
+func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, held string) {
+	rc := in.Cluster
+	kind := ownerKind(rc)
+	policy = opts.Policies[kind]
+	switch p := metaString(rc, "annotations", names.RotationAnnotation); p {
+	case names.PolicyReplace, names.PolicyRestart, names.PolicyHold:
+		policy = p
+	}
+	if policy == "" {
+		policy = names.PolicyHold
+	}
+	switch {
+	case policy == names.PolicyReplace && kind != "RayService":
+		return names.PolicyHold, "only a RayService can replace its cluster"
+	case policy == names.PolicyReplace && in.Owner == nil:
+		return names.PolicyHold, "its RayService is not in raysync's cache"
+	case policy == names.PolicyReplace && upgradeStrategy(in.Owner) == "None":
+		return names.PolicyHold, "its RayService has upgradeStrategy None: KubeRay would not start a new cluster"
+	case policy != names.PolicyHold && t.Mode == Referenced && !t.IsSource:
+		return names.PolicyHold, "it shares the managed Secret " + t.Name + ", which holds one token for every cluster naming it"
+	}
+	return policy, ""
+}
+
+// classifyToken says where a cluster whose target holds (or, reading the source itself, was started
+// with) the token it has stands against the current rotation.
+func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) tokenRotation {
+	r := tokenRotation{}
+	r.Policy, r.Held = policyOf(in, cfg.Rotation, t)
+	r.Unit = in.Cluster
+	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == "RayService" && !startedAt(in.Owner).IsZero()) {
+		r.Unit = in.Owner // a replacement acts on the RayService (also one `syncer rotate` asked for)
+	}
+	cur := in.Sources.rotation
+	inFlight := startedAt(r.Unit)
+	switch {
+	case !anyStarted(in.Pods) && inFlight.IsZero():
+		r.State = names.TokenCurrent // not running: it gets the current token at once
+	case !inFlight.IsZero() && !(r.Policy == names.PolicyReplace && holdsCurrent):
+		r.State, r.Since = names.TokenRotating, inFlight
+		if cfg.Rotation.Timeout > 0 && in.Now.Sub(inFlight) > cfg.Rotation.Timeout {
+			r.State = names.TokenBlocked
+		}
+	case holdsCurrent:
+		r.State = names.TokenCurrent
+	default:
+		r.State, r.Since = names.TokenBehind, cur.FirstSeen
+	}
+	return r
+}
+
+// startedAt reads when a replacement or restart of obj began (zero: none in flight).
+func startedAt(obj *unstructured.Unstructured) time.Time {
+	if obj == nil {
+		return time.Time{}
+	}
+	t, _ := time.Parse(time.RFC3339, metaString(obj, "annotations", names.RotationStartedAnnotation))
+	return t
+}
+
+func upgradeStrategy(rs *unstructured.Unstructured) string {
+	v, _, _ := unstructured.NestedString(rs.Object, "spec", "upgradeStrategy", "type")
+	return v
+}
+
+// startedBefore reports whether any container of the pods started before t: with the source itself as
+// target, those containers hold the token the source had then.
+func startedBefore(pods []*corev1.Pod, t time.Time) bool {
+	if t.IsZero() {
+		return false
+	}
+	before := func(cs corev1.ContainerStatus) bool {
+		s := containerStartedAt(cs)
+		return !s.IsZero() && s.Before(t.Truncate(time.Second))
+	}
+	return slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
+		return slices.ContainsFunc(p.Status.InitContainerStatuses, before) || slices.ContainsFunc(p.Status.ContainerStatuses, before)
+	})
+}

@@ -1,0 +1,185 @@
+package projection
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
+)
+
+// The rotation tests: where a cluster stands with its token, and what the wave does about it.
+
+var rotated = rotation{ID: 7, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-3 * time.Hour)}
+
+// withRotation gives the input the ledger's current rotation (the canonical token is rotation 7).
+func withRotation(in *ClusterInput) { in.Sources.rotation = rotated }
+
+func startedPod(name, cluster string, at time.Time, opts ...func(*corev1.Pod)) *corev1.Pod {
+	return rayPod(name, cluster, append([]func(*corev1.Pod){func(p *corev1.Pod) {
+		p.CreationTimestamp = metav1.NewTime(at)
+		p.Status.Phase = corev1.PodRunning
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "ray-worker",
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(at)}}}}
+	}}, opts...)...)
+}
+
+func headPod(p *corev1.Pod) {
+	p.Labels[kuberay.NodeTypeLabel] = "head"
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+}
+
+func ofRayService(svc string) func(*unstructured.Unstructured) {
+	return func(rc *unstructured.Unstructured) {
+		rc.SetLabels(map[string]string{kuberay.OriginatedFromCRDLabel: "RayService", kuberay.OriginatedFromNameLabel: svc})
+	}
+}
+
+func rayService(name string, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
+	rs := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name, "resourceVersion": "4"},
+		"spec":     map[string]any{}, "status": map[string]any{}}}
+	for _, o := range opts {
+		o(rs)
+	}
+	return rs
+}
+
+func owner(o *unstructured.Unstructured) func(*ClusterInput) { return func(in *ClusterInput) { in.Owner = o } }
+
+func annotated(k, v string) func(*unstructured.Unstructured) {
+	return func(u *unstructured.Unstructured) {
+		a := u.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[k] = v
+		u.SetAnnotations(a)
+	}
+}
+
+func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
+	cfg := Config{Source: tokenSrc}
+	old := func() *corev1.Secret {
+		return secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"), withSecretAnnotation(names.TokenSHA256Annotation, "0123456789abcdef"))
+	}
+	running := startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)
+	tests := map[string]struct {
+		rc          *unstructured.Unstructured
+		opts        []func(*ClusterInput)
+		wantWrites  bool
+		wantState   string
+		wantPolicy  string
+		wantHeld    string
+		wantTarget  string // names.State* of the auth_token target
+		wantCreates bool
+	}{
+		"running on an older token: the Secret stays, the cluster is behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(running)},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"no container started: the new token at once": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(rayPod("c1-head", "c1"))},
+			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"Secret deleted under containers raysync saw on the current token: restored": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},
+			wantCreates: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"Secret deleted under containers on a token raysync cannot tell: nothing written, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running)},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"a RayService's cluster: replaced by default": {
+			rc: rayCluster("c1", ofRayService("svc")), opts: []func(*ClusterInput){target(old()), pods(running), owner(rayService("svc"))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyReplace, wantTarget: names.StateInSync,
+		},
+		"a RayService with upgradeStrategy None: held, and why": {
+			rc: rayCluster("c1", ofRayService("svc")), wantTarget: names.StateInSync,
+			opts:      []func(*ClusterInput){target(old()), pods(running), owner(rayService("svc", setPath("None", "spec", "upgradeStrategy", "type")))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantHeld: "its RayService has upgradeStrategy None: KubeRay would not start a new cluster",
+		},
+		"restart chosen by annotation, in flight": {
+			rc:   rayCluster("c1", annotated(names.RotationAnnotation, "restart"), annotated(names.RotationStartedAnnotation, planNow.Add(-time.Minute).Format(time.RFC3339))),
+			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenRotating, wantPolicy: names.PolicyRestart, wantTarget: names.StateInSync,
+		},
+		"in flight past the timeout: blocked": {
+			rc:   rayCluster("c1", annotated(names.RotationAnnotation, "restart"), annotated(names.RotationStartedAnnotation, planNow.Add(-2*time.Hour).Format(time.RFC3339))),
+			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenBlocked, wantPolicy: names.PolicyRestart, wantTarget: names.StateInSync,
+		},
+		"a managed copy shared by its clusters: held, and why": {
+			rc:   rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}), annotated(names.RotationAnnotation, "restart")),
+			opts: []func(*ClusterInput){target(secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)), pods(running)},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantHeld: "it shares the managed Secret shared, which holds one token for every cluster naming it",
+		},
+		"reading the source itself, started before it changed: behind": {
+			rc: rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "ray-token"}), func(u *unstructured.Unstructured) { u.SetNamespace(tokenSrc.Namespace) }),
+			opts: []func(*ClusterInput){pods(running)}, wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"reading the source itself, started after it changed: current": {
+			rc:   rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "ray-token"}), func(u *unstructured.Unstructured) { u.SetNamespace(tokenSrc.Namespace) }),
+			opts: []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-time.Hour)))}, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := cfg
+			c.Rotation.Timeout = time.Hour
+			in := input(c, tc.rc, []*corev1.Secret{sourceSecret(token)}, append(tc.opts, withRotation)...)
+			p := planCluster(in, c.withDefaults())
+			var writes, creates bool
+			for _, a := range p.Actions {
+				switch a.(type) {
+				case UpdateSecret:
+					writes = true
+				case CreateSecret:
+					creates = true
+				}
+			}
+			r := p.Status.Rotation
+			if r == nil {
+				t.Fatalf("no rotation status: %+v", p.Status)
+			}
+			if writes != tc.wantWrites || creates != tc.wantCreates || r.State != tc.wantState || r.Policy != tc.wantPolicy || r.Held != tc.wantHeld || p.Status.Token != tc.wantTarget {
+				t.Errorf("writes %v creates %v, rotation %+v, target %s; want writes %v creates %v, %s %s %q, target %s",
+					writes, creates, r, p.Status.Token, tc.wantWrites, tc.wantCreates, tc.wantState, tc.wantPolicy, tc.wantHeld, tc.wantTarget)
+			}
+			if r.State == names.TokenBehind && (r.Since == nil || !r.Since.Equal(rotated.FirstSeen)) {
+				t.Errorf("behind since %v, want the rotation's first sight %v", r.Since, rotated.FirstSeen)
+			}
+		})
+	}
+}
+
+func TestLedger(t *testing.T) {
+	var l ledger
+	l, changed := l.observed("aaaa", planNow)
+	if !changed || len(l) != 1 || l[0].ID != 1 {
+		t.Fatalf("first token: %+v", l)
+	}
+	if _, changed = l.observed("aaaa", planNow.Add(time.Hour)); changed {
+		t.Fatal("the same token numbered twice")
+	}
+	for i := 0; i < ledgerDepth+5; i++ {
+		l, _ = l.observed(string(rune('b'+i%2))+"x", planNow)
+	}
+	if len(l) != ledgerDepth || l[len(l)-1].ID != ledgerDepth+6 {
+		t.Fatalf("ledger of %d ending at %d, want %d ending at %d", len(l), l[len(l)-1].ID, ledgerDepth, ledgerDepth+6)
+	}
+	s := desiredLedger(types.NamespacedName{Namespace: "raysync", Name: "raysync-rotations"}, nil, l)
+	if back := readLedger(s); len(back) != len(l) || back[len(back)-1] != l[len(l)-1] {
+		t.Fatalf("round trip lost rotations")
+	}
+	var raw []map[string]any
+	_ = json.Unmarshal(s.Data[ledgerKey], &raw)
+	if len(raw[0]) != 3 {
+		t.Errorf("a ledger entry holds %v: only a number, a digest and a time", raw[0])
+	}
+}

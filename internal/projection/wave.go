@@ -1,0 +1,379 @@
+package projection
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
+)
+
+// A fleet rotation is a rollout. The wave planner looks at every managed cluster at once and decides
+// which replacements (of a RayService's cluster) and restarts (of a RayCluster) start, advance, finish
+// or are reported blocked, never more than RotationOptions.MaxConcurrent in flight. Its state lives in
+// the objects it acts on (annotations, spec.suspend), so a restarted raysync or a new leader resumes
+// where the last one was.
+
+// PatchRotation starts, advances or finishes a replacement or a restart.
+type PatchRotation struct {
+	// Kind is "RayService" (Patch is a server-side apply configuration with raysync's field manager,
+	// so GitOps tools applying the rest of the object leave it alone) or "RayCluster" (a JSON merge
+	// patch carrying the cluster's resourceVersion).
+	Kind, Namespace, Name string
+	Patch                 []byte
+	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
+	Starts string
+	// Completes is how long the rotation it completes took (0: it completes none).
+	Completes time.Duration
+}
+
+func (PatchRotation) isAction() {}
+
+// unit is what one replacement or restart acts on, and the clusters it moves.
+type unit struct {
+	kind      string // "RayService" or "RayCluster"
+	obj       *unstructured.Unstructured
+	action    string // names.PolicyReplace or PolicyRestart; "" when held
+	members   []clusterView
+	behind    bool
+	since     time.Time // behind since (the earliest member)
+	requested bool      // `syncer rotate` asked for it
+	waits     string    // why it cannot start now ("" when it can)
+}
+
+// clusterView is one managed cluster's input and decision, as the wave sees them.
+type clusterView struct {
+	in   *ClusterInput
+	plan ClusterPlan
+}
+
+func (u *unit) key() string { return u.kind + "/" + u.obj.GetNamespace() + "/" + u.obj.GetName() }
+
+// wavePlan is what the wave does now.
+type wavePlan struct {
+	Actions      []Action
+	InFlight     int
+	Blocked      bool
+	Started      []string      // unit keys started by this plan
+	Observed     []string      // expected units the caches now show in flight
+	RequeueAfter time.Duration // look again then (a rotation in flight may time out)
+}
+
+// planWave decides the fleet's replacements and restarts. expected holds units started by earlier
+// plans whose start the caches may not show yet (they count as in flight).
+func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[string]bool) wavePlan {
+	var w wavePlan
+	cur := rotation{}
+	if len(clusters) > 0 {
+		cur = clusters[0].in.Sources.rotation
+	}
+	units := groupUnits(clusters)
+	var candidates []*unit
+	for _, u := range units {
+		started := startedAt(u.obj)
+		if !started.IsZero() && expected[u.key()] {
+			w.Observed = append(w.Observed, u.key())
+		}
+		if started.IsZero() {
+			if expected[u.key()] {
+				w.InFlight++
+			} else if u.action != "" && u.behind && u.waits == "" {
+				candidates = append(candidates, u)
+			}
+			continue
+		}
+		w.InFlight++
+		if done, actions := advance(u, now, started); done || len(actions) > 0 {
+			w.Actions = append(w.Actions, actions...)
+			if done {
+				w.InFlight--
+				continue
+			}
+		}
+		age := now.Sub(started)
+		if cfg.Rotation.Timeout > 0 && age > cfg.Rotation.Timeout {
+			if metaString(u.obj, "annotations", names.RotationTargetAnnotation) == cur.Name() {
+				w.Blocked = true // a unit blocked on an older rotation no longer holds the wave back
+			}
+			if metaString(u.obj, "annotations", names.RotationBlockedAnnotation) == "" {
+				w.Actions = append(w.Actions, blockActions(u, now, age)...)
+			}
+		} else if cfg.Rotation.Timeout > 0 {
+			w.RequeueAfter = minPositive(w.RequeueAfter, cfg.Rotation.Timeout-age+time.Second)
+		}
+	}
+	if w.Blocked || cur.ID == 0 {
+		return w
+	}
+	sort.Slice(candidates, func(i, j int) bool {
+		a, b := candidates[i], candidates[j]
+		if a.requested != b.requested {
+			return a.requested
+		}
+		if !a.since.Equal(b.since) {
+			return a.since.Before(b.since)
+		}
+		return a.key() < b.key()
+	})
+	for _, u := range candidates {
+		if w.InFlight >= cfg.Rotation.MaxConcurrent {
+			break
+		}
+		w.Actions = append(w.Actions, startActions(u, cur, now)...)
+		w.Started = append(w.Started, u.key())
+		w.InFlight++
+	}
+	return w
+}
+
+// groupUnits gathers clusters into what moves them: a RayService (replace) or the cluster itself.
+func groupUnits(clusters []clusterView) []*unit {
+	byKey := map[string]*unit{}
+	var order []*unit
+	for _, c := range clusters {
+		r := c.plan.Rotation
+		if r.State == "" || r.Unit == nil {
+			continue
+		}
+		requested := metaString(c.in.Cluster, "annotations", names.RotateAnnotation) != ""
+		obj, action := r.Unit, ""
+		switch {
+		case obj.GetKind() == "RayService":
+			action = names.PolicyReplace
+		case r.Policy == names.PolicyRestart:
+			action = names.PolicyRestart
+		case requested && r.Held == "" && ownerKind(c.in.Cluster) == "RayService" && c.in.Owner != nil && upgradeStrategy(c.in.Owner) != "None":
+			obj, action = c.in.Owner, names.PolicyReplace
+		case requested && r.Held == "":
+			action = names.PolicyRestart
+		}
+		u := &unit{kind: obj.GetKind(), obj: obj, action: action}
+		if prev, ok := byKey[u.key()]; ok {
+			u = prev
+		} else {
+			byKey[u.key()] = u
+			order = append(order, u)
+		}
+		u.members = append(u.members, c)
+		u.requested = u.requested || requested
+		if r.State == names.TokenBehind {
+			if !u.behind || r.Since.Before(u.since) {
+				u.since = r.Since
+			}
+			u.behind = true
+		}
+		if why := waits(c, u.action); why != "" {
+			u.waits = why
+		}
+	}
+	return order
+}
+
+// waits says why a cluster's unit cannot start now.
+func waits(c clusterView, action string) string {
+	owner := c.in.Owner
+	switch {
+	case ownerKind(c.in.Cluster) == "RayJob" && owner != nil && jobRunning(owner):
+		return "its RayJob is running"
+	case action == names.PolicyReplace && owner != nil && pendingCluster(owner) != "":
+		return "its RayService is already starting a new cluster"
+	}
+	return ""
+}
+
+func jobRunning(job *unstructured.Unstructured) bool {
+	s, _, _ := unstructured.NestedString(job.Object, "status", "jobDeploymentStatus")
+	return s != "Complete" && s != "Failed"
+}
+
+func activeCluster(rs *unstructured.Unstructured) string {
+	v, _, _ := unstructured.NestedString(rs.Object, "status", "activeServiceStatus", "rayClusterName")
+	return v
+}
+
+func pendingCluster(rs *unstructured.Unstructured) string {
+	v, _, _ := unstructured.NestedString(rs.Object, "status", "pendingServiceStatus", "rayClusterName")
+	return v
+}
+
+// startActions starts a replacement or a restart and says so on the objects people look at.
+func startActions(u *unit, cur rotation, now time.Time) []Action {
+	stamp := now.UTC().Format(time.RFC3339)
+	var acts []Action
+	var msg string
+	if u.action == names.PolicyReplace {
+		acts = append(acts, PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyReplace,
+			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, cur.Name())})
+		msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; traffic switches when it is ready", memberNames(u), cur.Name())
+	} else {
+		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyRestart,
+			Patch: mergePatch(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name(),
+				names.RotateAnnotation: nil}, map[string]any{"suspend": true})})
+		msg = fmt.Sprintf("restarting the whole cluster on rotation %s of the canonical token: every pod stops, then all start with the new token", cur.Name())
+	}
+	for _, m := range u.members {
+		if u.action == names.PolicyReplace && metaString(m.in.Cluster, "annotations", names.RotateAnnotation) != "" {
+			acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: m.in.Cluster.GetNamespace(), Name: m.in.Cluster.GetName(),
+				Patch: mergePatch(m.in.Cluster, map[string]any{names.RotateAnnotation: nil}, nil)})
+		}
+	}
+	return append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationStarted, msg)...)
+}
+
+// advance moves a rotation in flight on, and finishes it when it is done.
+func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
+	if u.kind == "RayService" {
+		return advanceReplace(u, now, started)
+	}
+	if len(u.members) != 1 {
+		return false, nil
+	}
+	m := u.members[0]
+	rc := m.in.Cluster
+	suspend, _, _ := unstructured.NestedBool(rc.Object, "spec", "suspend")
+	holds := m.in.Target != nil && holdsToken(m.in.Target, m.in.Sources.token.value)
+	state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
+	switch {
+	case suspend && len(m.in.Pods) == 0 && holds:
+		// Every pod is gone and the Secret holds the new token: start the cluster again.
+		return false, []Action{PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
+			Patch: mergePatch(rc, nil, map[string]any{"suspend": nil})}}
+	case !suspend && holds && restartedSince(m.in.Pods, started) && headReady(m.in.Pods) && (state == "" || state == "ready"):
+		took := now.Sub(started)
+		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(), Completes: took,
+			Patch: mergePatch(rc, map[string]any{names.RotationStartedAnnotation: nil, names.RotationTargetAnnotation: nil, names.RotationBlockedAnnotation: nil}, nil)})
+		return true, append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
+			fmt.Sprintf("restarted on the current canonical token in %s", took.Round(time.Second)))...)
+	}
+	return false, nil
+}
+
+// advanceReplace finishes a replacement once the RayService serves from a cluster created for it and
+// the old cluster is gone.
+func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
+	rs := u.obj
+	active := activeCluster(rs)
+	if active == "" || pendingCluster(rs) != "" {
+		return false, nil
+	}
+	for _, m := range u.members {
+		rc := m.in.Cluster
+		if rc.GetName() != active || rc.GetCreationTimestamp().Time.Before(started.Truncate(time.Second)) {
+			return false, nil // the old cluster is still there, or the active one predates the replacement
+		}
+	}
+	if len(u.members) == 0 {
+		return false, nil
+	}
+	took := now.Sub(started)
+	acts := []Action{PatchRotation{Kind: "RayService", Namespace: rs.GetNamespace(), Name: rs.GetName(), Completes: took,
+		Patch: rayServiceApply(rs, nil, metaString(rs, "annotations", names.RotationTargetAnnotation))}}
+	return true, append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
+		fmt.Sprintf("serving from RayCluster %s on the current canonical token; the replacement took %s", active, took.Round(time.Second)))...)
+}
+
+func blockActions(u *unit, now time.Time, age time.Duration) []Action {
+	stamp := now.UTC().Format(time.RFC3339)
+	var patch PatchRotation
+	if u.kind == "RayService" {
+		patch = PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
+			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: metaString(u.obj, "annotations", names.RotationStartedAnnotation),
+				names.RotationTargetAnnotation: metaString(u.obj, "annotations", names.RotationTargetAnnotation), names.RotationBlockedAnnotation: stamp},
+				metaString(u.obj, "annotations", names.RotationTargetAnnotation))}
+	} else {
+		patch = PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
+			Patch: mergePatch(u.obj, map[string]any{names.RotationBlockedAnnotation: stamp}, nil)}
+	}
+	return append([]Action{patch}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationBlocked,
+		fmt.Sprintf("the %s started %s ago has not completed: no further cluster starts rotating until it completes or is deleted", verbOf(u), age.Round(time.Second)))...)
+}
+
+func verbOf(u *unit) string {
+	if u.kind == "RayService" {
+		return "replacement"
+	}
+	return "restart"
+}
+
+// unitEvents records an Event on the unit's object and, for a RayService, on its clusters.
+func unitEvents(u *unit, typ, reason, msg string) []Action {
+	acts := []Action{RecordEvent{Object: u.obj, Type: typ, Reason: reason, Message: msg}}
+	if u.kind == "RayService" {
+		for _, m := range u.members {
+			acts = append(acts, RecordEvent{Object: m.in.Cluster, Type: typ, Reason: reason, Message: msg})
+		}
+	}
+	return acts
+}
+
+func memberNames(u *unit) string {
+	var n []string
+	for _, m := range u.members {
+		n = append(n, m.in.Cluster.GetName())
+	}
+	return strings.Join(n, ", ")
+}
+
+// restartedSince: every pod of the cluster was created after the restart began.
+func restartedSince(pods []*corev1.Pod, started time.Time) bool {
+	return len(pods) > 0 && !slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
+		return p.CreationTimestamp.Time.Before(started.Truncate(time.Second))
+	})
+}
+
+func headReady(pods []*corev1.Pod) bool {
+	return slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
+		if p.Labels[kuberay.NodeTypeLabel] != "head" || p.DeletionTimestamp != nil {
+			return false
+		}
+		return slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+		})
+	})
+}
+
+// rayServiceApply is the server-side apply configuration raysync owns on a RayService: its metadata
+// annotations (nil: none, which gives them up) and, when rotationID is set, the rotation number in the
+// head pod template, whose change is what makes KubeRay start a new cluster.
+func rayServiceApply(rs *unstructured.Unstructured, annotations map[string]any, rotationID string) []byte {
+	obj := map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": rs.GetName(), "namespace": rs.GetNamespace()}}
+	if len(annotations) > 0 {
+		obj["metadata"].(map[string]any)["annotations"] = annotations
+	}
+	if rotationID != "" {
+		obj["spec"] = map[string]any{"rayClusterConfig": map[string]any{"headGroupSpec": map[string]any{"template": map[string]any{
+			"metadata": map[string]any{"annotations": map[string]any{names.RotationIDAnnotation: rotationID}}}}}}
+	}
+	b, _ := json.Marshal(obj)
+	return b
+}
+
+// mergePatch is a JSON merge patch of annotations and spec fields (nil values delete), with the
+// object's resourceVersion as precondition.
+func mergePatch(obj *unstructured.Unstructured, annotations, spec map[string]any) []byte {
+	meta := map[string]any{"resourceVersion": obj.GetResourceVersion()}
+	if len(annotations) > 0 {
+		meta["annotations"] = annotations
+	}
+	p := map[string]any{"metadata": meta}
+	if len(spec) > 0 {
+		p["spec"] = spec
+	}
+	b, _ := json.Marshal(p)
+	return b
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
+}
