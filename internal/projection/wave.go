@@ -76,7 +76,9 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 	}
 	units := groupUnits(clusters)
 	var candidates []*unit
+	seen := map[string]bool{}
 	for _, u := range units {
+		seen[u.key()] = true
 		started := startedAt(u.obj)
 		if !started.IsZero() && expected[u.key()] {
 			w.Observed = append(w.Observed, u.key())
@@ -107,6 +109,11 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 			}
 		} else if cfg.Rotation.Timeout > 0 {
 			w.RequeueAfter = minPositive(w.RequeueAfter, cfg.Rotation.Timeout-age+time.Second)
+		}
+	}
+	for k := range expected {
+		if !seen[k] {
+			w.InFlight++ // started, and its unit not in the caches at all yet
 		}
 	}
 	if w.Blocked || cur.ID == 0 {

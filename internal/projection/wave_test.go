@@ -1,0 +1,211 @@
+package projection
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/names"
+)
+
+// view plans one cluster for the wave: rc running since `since` on the old token (or on the current
+// one with holds), with the given input options.
+func view(t *testing.T, cfg Config, rc *unstructured.Unstructured, holds bool, opts ...func(*ClusterInput)) clusterView {
+	t.Helper()
+	value := oldToken
+	if holds {
+		value = token
+	}
+	tgt := secret(ns, rc.GetName(), map[string]string{"auth_token": value}, ownedBy(rc.GetName()))
+	tgt.OwnerReferences[0].UID = rc.GetUID()
+	all := append([]func(*ClusterInput){target(tgt), pods(startedPod(rc.GetName()+"-head", rc.GetName(), planNow.Add(-5*time.Hour), headPod)), withRotation}, opts...)
+	in := input(cfg, rc, []*corev1.Secret{sourceSecret(token)}, all...)
+	return clusterView{in: in, plan: planCluster(in, cfg)}
+}
+
+func restartCluster(name string, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
+	return rayCluster(name, append([]func(*unstructured.Unstructured){annotated(names.RotationAnnotation, "restart"), resourceVersion("3")}, opts...)...)
+}
+
+func kinds(acts []Action) []string {
+	var out []string
+	for _, a := range acts {
+		switch a := a.(type) {
+		case PatchRotation:
+			what := "patch"
+			if a.Starts != "" {
+				what = "start"
+			} else if a.Completes > 0 {
+				what = "complete"
+			}
+			out = append(out, what+" "+a.Kind+" "+a.Name)
+		case RecordEvent:
+			m, _ := a.Object.(metav1.Object)
+			out = append(out, "event "+a.Reason+" "+m.GetName())
+		}
+	}
+	return out
+}
+
+func TestPlanWave(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Rotation: RotationOptions{MaxConcurrent: 2, Timeout: time.Hour}}.withDefaults()
+	started := func(ago time.Duration) func(*unstructured.Unstructured) {
+		return annotated(names.RotationStartedAnnotation, planNow.Add(-ago).Format(time.RFC3339))
+	}
+	svc := rayService("svc")
+	tests := map[string]struct {
+		views    func() []clusterView
+		expected map[string]bool
+		want     []string
+		inFlight int
+		blocked  bool
+	}{
+		"three behind, two at a time: the first two by name": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c3"), false), view(t, cfg, restartCluster("c1"), false), view(t, cfg, restartCluster("c2"), false)}
+			},
+			want:     []string{"start RayCluster c1", "event RotationStarted c1", "start RayCluster c2", "event RotationStarted c2"},
+			inFlight: 2,
+		},
+		"one in flight: one more": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(time.Minute), setPath(true, "spec", "suspend")), false),
+					view(t, cfg, restartCluster("c2"), false), view(t, cfg, restartCluster("c3"), false)}
+			},
+			want: []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
+		},
+		"started by this process, not yet in the caches: counts": {
+			views:    func() []clusterView { return []clusterView{view(t, cfg, restartCluster("c2"), false), view(t, cfg, restartCluster("c3"), false)} },
+			expected: map[string]bool{"RayCluster/ray/c1": true},
+			want:     []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
+		},
+		"held clusters and current ones do not move": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, rayCluster("held"), false), view(t, cfg, restartCluster("current"), true)}
+			},
+		},
+		"`syncer rotate` moves a held cluster": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, rayCluster("held", annotated(names.RotateAnnotation, "now")), false)}
+			},
+			want: []string{"start RayCluster held", "event RotationStarted held"}, inFlight: 1,
+		},
+		"past the timeout: blocked once, and nothing else starts": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7")), false),
+					view(t, cfg, restartCluster("c2"), false)}
+			},
+			want: []string{"patch RayCluster c1", "event RotationBlocked c1"}, inFlight: 1, blocked: true,
+		},
+		"blocked and already reported: quiet, still blocking": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7"),
+					annotated(names.RotationBlockedAnnotation, "x")), false), view(t, cfg, restartCluster("c2"), false)}
+			},
+			inFlight: 1, blocked: true,
+		},
+		"blocked on an older rotation: the new wave goes on": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "6"),
+					annotated(names.RotationBlockedAnnotation, "x")), false), view(t, cfg, restartCluster("c2"), false)}
+			},
+			want: []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
+		},
+		"restart: every pod gone and the Secret on the new token: start again": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(time.Minute), setPath(true, "spec", "suspend")), true, pods())}
+			},
+			want: []string{"patch RayCluster c1"}, inFlight: 1,
+		},
+		"restart: ready again on the new token: complete": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(time.Minute)), true,
+					pods(startedPod("c1-head", "c1", planNow.Add(-30*time.Second), headPod)))}
+			},
+			want: []string{"complete RayCluster c1", "event RotationCompleted c1"},
+		},
+		"a RayService's cluster: replaced": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, rayCluster("svc-a", ofRayService("svc")), false, owner(svc))}
+			},
+			want: []string{"start RayService svc", "event RotationStarted svc", "event RotationStarted svc-a"}, inFlight: 1,
+		},
+		"a RayService already starting a new cluster of its own: wait": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, rayCluster("svc-a", ofRayService("svc")), false,
+					owner(rayService("svc", setPath("svc-x", "status", "pendingServiceStatus", "rayClusterName"))))}
+			},
+		},
+		"replacement: serving from the new cluster, the old one gone: complete": {
+			views: func() []clusterView {
+				rs := rayService("svc", started(3*time.Minute), annotated(names.RotationTargetAnnotation, "7"),
+					setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
+				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) { u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute))) })
+				return []clusterView{view(t, cfg, b, true, owner(rs))}
+			},
+			want: []string{"complete RayService svc", "event RotationCompleted svc", "event RotationCompleted svc-b"},
+		},
+		"replacement: the old cluster still there: not yet": {
+			views: func() []clusterView {
+				rs := rayService("svc", started(3*time.Minute), setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
+				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) { u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute))) })
+				return []clusterView{view(t, cfg, rayCluster("svc-a", ofRayService("svc")), false, owner(rs)), view(t, cfg, b, true, owner(rs))}
+			},
+			inFlight: 1,
+		},
+		"a RayJob's cluster while its job runs: never": {
+			views: func() []clusterView {
+				job := rayService("job", setPath("Running", "status", "jobDeploymentStatus"))
+				return []clusterView{view(t, cfg, rayCluster("job-a", annotated(names.RotateAnnotation, "now"),
+					func(u *unstructured.Unstructured) {
+						u.SetLabels(map[string]string{"ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": "job"})
+					}), false, owner(job))}
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			w := planWave(tc.views(), cfg, planNow, tc.expected)
+			if diff := cmp.Diff(tc.want, kinds(w.Actions)); diff != "" {
+				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+			if w.InFlight != tc.inFlight || w.Blocked != tc.blocked {
+				t.Errorf("in flight %d, blocked %v; want %d, %v", w.InFlight, w.Blocked, tc.inFlight, tc.blocked)
+			}
+		})
+	}
+}
+
+func TestWaveWaitsForTheLedger(t *testing.T) {
+	cfg := Config{Source: tokenSrc}.withDefaults()
+	v := view(t, cfg, restartCluster("c1"), false)
+	v.in.Sources.rotation = rotation{}
+	if w := planWave([]clusterView{v}, cfg, planNow, nil); len(w.Actions) != 0 {
+		t.Errorf("started %v before the ledger numbered the token", kinds(w.Actions))
+	}
+}
+
+// The exact patches: what raysync writes onto people's objects.
+func TestRotationPatches(t *testing.T) {
+	cfg := Config{Source: tokenSrc}.withDefaults()
+	stamp := planNow.UTC().Format(time.RFC3339)
+	restart := planWave([]clusterView{view(t, cfg, restartCluster("c1", annotated(names.RotateAnnotation, "x")), false)}, cfg, planNow, nil)
+	checkPlan(t, ClusterPlan{Actions: restart.Actions[:1]}, []Action{PatchRotation{Kind: "RayCluster", Namespace: ns, Name: "c1", Starts: "restart",
+		Patch: []byte(`{"metadata":{"resourceVersion":"3","annotations":{"raysync.dev/rotation-started":"` + stamp + `",
+			"raysync.dev/rotation-target":"7","raysync.dev/rotate":null}},"spec":{"suspend":true}}`)}})
+	replace := planWave([]clusterView{view(t, cfg, rayCluster("svc-a", ofRayService("svc")), false, owner(rayService("svc")))}, cfg, planNow, nil)
+	checkPlan(t, ClusterPlan{Actions: replace.Actions[:1]}, []Action{PatchRotation{Kind: "RayService", Namespace: ns, Name: "svc", Starts: "replace",
+		Patch: []byte(`{"apiVersion":"ray.io/v1","kind":"RayService","metadata":{"name":"svc","namespace":"ray",
+			"annotations":{"raysync.dev/rotation-started":"` + stamp + `","raysync.dev/rotation-target":"7"}},
+			"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"annotations":{"raysync.dev/rotation-id":"7"}}}}}}}`)}})
+	for _, a := range append(restart.Actions, replace.Actions...) {
+		if p, ok := a.(PatchRotation); ok && strings.Contains(string(p.Patch), token) {
+			t.Fatal("a rotation patch carries the token")
+		}
+	}
+}
