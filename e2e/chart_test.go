@@ -66,8 +66,8 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 		for _, doc := range renderedObjects(t, out) {
 			kinds[doc.GetKind()]++
 		}
-		if c.scope == "namespaces" && (kinds["ClusterRole"] != 0 || kinds["Role"] != 5) {
-			t.Errorf("%s: %v (want no ClusterRole; a Role per namespace, per source namespace, and for leader election)", c.set, kinds)
+		if c.scope == "namespaces" && (kinds["ClusterRole"] != 0 || kinds["Role"] != 6) {
+			t.Errorf("%s: %v (want no ClusterRole; a Role per namespace, per source namespace, for the rotation ledger and for leader election)", c.set, kinds)
 		}
 		if c.scope == "cluster" && kinds["ClusterRole"] != 1 {
 			t.Errorf("%s: %v (want one ClusterRole)", c.set, kinds)

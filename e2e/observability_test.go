@@ -78,14 +78,14 @@ func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			alerts[r.Alert] = true
-			exprs = append(exprs, strings.ReplaceAll(r.Expr, "__JOB__", "raysync-metrics"))
+			exprs = append(exprs, strings.NewReplacer("__JOB__", "raysync-metrics", "__BEHIND_SECONDS__", "604800").Replace(r.Expr))
 			if r.Annotations["summary"] == "" || r.Annotations["runbook"] == "" {
 				t.Errorf("alert %s lacks summary or runbook text", r.Alert)
 			}
 		}
 	}
 	for _, want := range []string{"RaysyncSourceInvalid", "RaysyncTargetsOutOfSync", "RaysyncStalePods", "RaysyncPodsRecycledRepeatedly",
-		"RaysyncAutoscalerCertExpiringSoon", "RaysyncDown", "RaysyncNoLeader"} {
+		"RaysyncAutoscalerCertExpiringSoon", "RaysyncDown", "RaysyncNoLeader", "RaysyncRotationBlocked", "RaysyncClustersBehind"} {
 		if !alerts[want] {
 			t.Errorf("alert %s missing", want)
 		}

@@ -160,6 +160,9 @@ func (p *ClusterPlan) rotation(in *ClusterInput, cfg Config, t TokenTarget, hold
 		st.Since = &since
 	}
 	p.Status.Rotation = st
+	if p.Rotation.Held != "" && p.Rotation.State == names.TokenBehind {
+		p.warnOnce(in, names.ReasonRotationHeld, "this cluster keeps the token it runs on until it is restarted or deleted: "+p.Rotation.Held)
+	}
 }
 
 // planCluster decides everything about one managed RayCluster: its token target, then its managed

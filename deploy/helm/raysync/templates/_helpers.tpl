@@ -37,9 +37,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* What raysync does in a namespace with RayClusters (both RBAC scopes). */}}
 {{- define "raysync.workloadRules" -}}
+# patch: template entries, and rotations (a restart suspends the cluster; marks on it)
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
-  verbs: ["get", "list", "watch"{{ if or .Values.pullSecrets .Values.autoscalerTLS.secret }}, "patch"{{ end }}]
+  verbs: ["get", "list", "watch", "patch"]
+# A replacement is a server-side apply of raysync's own fields on the RayService; RayJobs are read to
+# leave their cluster alone while the job runs.
+- apiGroups: ["ray.io"]
+  resources: ["rayservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["get", "list", "watch"]
 # Pre-created auth Secrets carry a blockOwnerDeletion ownerReference to their RayCluster, which the
 # OwnerReferencesPermissionEnforcement admission plugin only allows with update on the finalizers.
 - apiGroups: ["ray.io"]
