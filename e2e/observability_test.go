@@ -140,3 +140,37 @@ func TestMetricsDocSLIsParse(t *testing.T) {
 		}
 	}
 }
+
+// TestAlertRulesFireWhenTheyShould runs Prometheus' own rule tester (promtool, built from the Prometheus
+// module in e2e/tools/promtool) on the alerts as the chart renders them: alerts_test.yaml has series
+// that make each rotation alert fire and series that must not.
+func TestAlertRulesFireWhenTheyShould(t *testing.T) {
+	root, _ := framework.RepoRoot()
+	promtool, err := framework.EnsureTool(context.Background(), "promtool", "e2e/tools/promtool", "github.com/prometheus/prometheus/cmd/promtool",
+		func(f string, a ...any) { t.Logf(f, a...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	files := filepath.Join(root, "deploy/helm/raysync/files")
+	rules, err := os.ReadFile(filepath.Join(files, "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered := strings.NewReplacer("__JOB__", "raysync-metrics", "__BEHIND_SECONDS__", "86400").Replace(string(rules))
+	tests, err := os.ReadFile(filepath.Join(files, "alerts_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "alerts.yaml"), []byte(rendered), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(promtool, "test", "rules", "alerts_test.yaml")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}

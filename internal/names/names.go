@@ -134,6 +134,7 @@ const (
 	ReasonRotationCompleted     = "RotationCompleted"
 	ReasonRotationBlocked       = "RotationBlocked"
 	ReasonRotationHeld          = "RotationHeld"
+	ReasonTokenRestored         = "TokenRestored"
 )
 
 // TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.

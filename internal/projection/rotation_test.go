@@ -92,6 +92,10 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},
 			wantCreates: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
 		},
+		"Secret changed under containers raysync saw on the current token: put back": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},
+			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
 		"Secret deleted under containers on a token raysync cannot tell: nothing written, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running)},
 			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,

@@ -116,6 +116,14 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
 		}
 		p.rotation(in, cfg, t, true)
+	case started && in.Memory.lastDigest == src.digest:
+		// Someone changed the Secret under containers raysync saw start on the current token: put it
+		// back, or the operator and every new pod would use a token the cluster refuses.
+		p.Status.Token = names.StateOutOfSync
+		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, syncedAtOr(cur, in.Now))})
+		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
+			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
+		p.rotation(in, cfg, t, true)
 	case !started:
 		p.Status.Token = names.StateOutOfSync
 		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
@@ -217,6 +225,14 @@ func containerStartedAt(cs corev1.ContainerStatus) time.Time {
 		return cs.State.Terminated.StartedAt.Time
 	}
 	return time.Time{}
+}
+
+// syncedAtOr is s's synced-at time, or now when it has none.
+func syncedAtOr(s *corev1.Secret, now time.Time) time.Time {
+	if t := syncedAt(s); !t.IsZero() {
+		return t
+	}
+	return now
 }
 
 // syncedAt reads when raysync last wrote the token into s (zero if never or unparsable).
