@@ -189,8 +189,12 @@ func (p *podRuntime) runWaitGCS(presented *tokenMAC) (int, string) {
 func (p *podRuntime) runSubmitter(env map[string]string, presented *tokenMAC) (int, string) {
 	addr := strings.TrimPrefix(env[envDashboardAddress], "http://")
 	id := env[envJobSubmissionID]
+	deadline := time.Now().Add(p.k.cfg.JoinTimeout)
 	call := func(method, path string, body any) (int, []byte, error) {
 		dest, err := p.k.router.resolve(addr, p.pod.Namespace, p)
+		for err != nil && time.Now().Before(deadline) && sleep(p.ctx, workerHeadPollPeriod) {
+			dest, err = p.k.router.resolve(addr, p.pod.Namespace, p) // the CLI retries a dashboard not up yet
+		}
 		if err != nil {
 			return 0, nil, err
 		}
@@ -242,12 +246,13 @@ func (p *podRuntime) runSubmitter(env map[string]string, presented *tokenMAC) (i
 
 var errJobNotFound = errors.New("job not found")
 
-// entrypointOf finds the job's entrypoint in the submitter's shell command (after "--").
+// entrypointOf finds the job's entrypoint in the submitter's shell script: KubeRay puts it after
+// the last "--" of `ray job submit ... -- <entrypoint> ;`.
 func entrypointOf(pod *corev1.Pod) string {
 	for _, c := range pod.Spec.Containers {
-		cmd := strings.Join(append(append([]string{}, c.Command...), c.Args...), " ")
-		if _, after, ok := strings.Cut(cmd, " -- "); ok {
-			ep, _, _ := strings.Cut(after, " ;")
+		script := strings.Join(c.Args, " ")
+		if i := strings.LastIndex(script, " -- "); i >= 0 {
+			ep, _, _ := strings.Cut(script[i+len(" -- "):], " ;")
 			if ep = strings.TrimSpace(ep); ep != "" {
 				return ep
 			}
