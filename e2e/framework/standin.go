@@ -2,6 +2,8 @@ package framework
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -260,4 +262,23 @@ func buildStandIn() (string, error) {
 		return "", fmt.Errorf("build the kubelet stand-in: %v\n%s", err, out)
 	}
 	return bin, os.Rename(tmp, bin)
+}
+
+// EnsureRayClient builds e2e/tools/rayclient (KubeRay's own dashboard client in a program, from its
+// own module) into the cache and returns its path. The name carries a hash of its sources, so an
+// edit rebuilds it.
+func EnsureRayClient(ctx context.Context, logf func(string, ...any)) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
+		b, err := os.ReadFile(filepath.Join(root, "e2e/tools/rayclient", f))
+		if err != nil {
+			return "", err
+		}
+		h.Write(b)
+	}
+	return EnsureTool(ctx, "rayclient-"+hex.EncodeToString(h.Sum(nil))[:12], "e2e/tools/rayclient", ".", logf)
 }
