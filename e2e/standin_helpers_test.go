@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -25,6 +27,21 @@ func (e *Env) StandIn() *framework.RayStandIn {
 	if e.ControlPlane.Ray == nil {
 		e.t.Skip("needs the kubelet and Ray stand-in of the local control plane")
 	}
+	e.t.Cleanup(func() {
+		// The stand-in sees every token the test's pods start with: none may reach its log.
+		log, err := os.ReadFile(e.LogPath("standin"))
+		if err != nil {
+			e.t.Errorf("stand-in log: %v", err)
+			return
+		}
+		for _, v := range e.secrets {
+			for _, form := range []string{v, base64.StdEncoding.EncodeToString([]byte(v))} {
+				if len(form) >= 8 && strings.Contains(string(log), form) {
+					e.t.Errorf("the stand-in's log contains a secret value (or its base64 form)")
+				}
+			}
+		}
+	})
 	return e.ControlPlane.Ray
 }
 

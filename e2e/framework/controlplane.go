@@ -271,6 +271,10 @@ func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
 	return c.waitAPIServer(ctx, 90*time.Second)
 }
 
+// LogPath is where a process of this control plane logs (etcd, kube-apiserver,
+// kube-controller-manager, standin, kuberay-operator).
+func (c *ControlPlane) LogPath(name string) string { return filepath.Join(c.Dir, name+".log") }
+
 func (c *ControlPlane) proc(name string) *process {
 	for _, p := range c.procs {
 		if p.name == name {

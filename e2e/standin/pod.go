@@ -90,7 +90,9 @@ func (p *podRuntime) run(delay time.Duration) {
 		return
 	}
 	if err := p.k.bind(p.ctx, p.pod); err != nil {
-		p.k.log.Error("bind pod", "pod", p.String(), "err", err)
+		if !isGone(err) && p.ctx.Err() == nil { // a pod deleted before it was bound is no error
+			p.k.log.Error("bind pod", "pod", p.String(), "err", err)
+		}
 		return
 	}
 	p.mu.Lock()
