@@ -113,6 +113,9 @@ func (p *podRuntime) execute(c *containerRuntime, env map[string]string, auth ra
 	case kindSubmitter:
 		return p.runSubmitter(env, presented)
 	}
+	if c.init {
+		return 0, exitCompleted // an init container the stand-in knows nothing about: it did its job
+	}
 	<-p.ctx.Done()
 	return 0, exitCompleted
 }
