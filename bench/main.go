@@ -150,6 +150,9 @@ func main() {
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
 		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace},
+		// Real-world periods, so counts over time mean what they would on a cluster: the kubelet's
+		// 10 s restart back-off base, KubeRay's wait-gcs-ready polling every 5 s.
+		StandIn: framework.StandInOptions{Backoff: 10 * time.Second, GCSRetry: 5 * time.Second},
 		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
 	defer cp.Stop()
