@@ -133,10 +133,7 @@ func TestPullSecretReachesEveryRayPod(t *testing.T) {
 		before := env.WaitPods(ns, rc.GetName(), 2, 30*time.Second)
 		if env.ControlPlane.Ray != nil {
 			for _, p := range before {
-				env.WaitPod(ns, p.Name, 30*time.Second, "failing to pull its image", func(p *corev1.Pod) bool {
-					r := containerWaiting(p, p.Spec.Containers[0].Name)
-					return r == "ErrImagePull" || r == "ImagePullBackOff"
-				})
+				env.WaitPod(ns, p.Name, 30*time.Second, "failing to pull its image", pullFailing)
 			}
 		}
 

@@ -116,6 +116,17 @@ func containerWaiting(p *corev1.Pod, container string) string {
 	return ""
 }
 
+// pullFailing reports whether the kubelet cannot pull the image of the first container it tries
+// (a worker's wait-gcs-ready, else the Ray container).
+func pullFailing(p *corev1.Pod) bool {
+	for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if w := s.State.Waiting; w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff") {
+			return true
+		}
+	}
+	return false
+}
+
 func restartCount(p *corev1.Pod, container string) int32 {
 	for _, s := range p.Status.ContainerStatuses {
 		if s.Name == container {

@@ -201,8 +201,7 @@ func TestStandInKubeletSemantics(t *testing.T) {
 			env.createPod(private("no-creds"))
 			env.createPod(private("with-creds", "regcred"))
 			env.WaitPod(ns, "no-creds", 30*time.Second, "failing to pull", func(p *corev1.Pod) bool {
-				r := containerWaiting(p, "ray-head")
-				return p.Spec.NodeName != "" && (r == "ErrImagePull" || r == "ImagePullBackOff")
+				return p.Spec.NodeName != "" && pullFailing(p)
 			})
 			env.WaitPod(ns, "with-creds", 30*time.Second, "Ready", podReady)
 		})
