@@ -153,7 +153,7 @@ func main() {
 		// Real-world periods, so counts over time mean what they would on a cluster: the kubelet's
 		// 10 s restart back-off base, KubeRay's wait-gcs-ready polling every 5 s.
 		StandIn: framework.StandInOptions{Backoff: 10 * time.Second, GCSRetry: 5 * time.Second},
-		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
+		Logf:    func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
 	defer cp.Stop()
 	bin := buildSyncer()

@@ -340,4 +340,3 @@ func retryOnConflict(e *Env, f func() error) error {
 	return err
 }
 
-func ptr[T any](v T) *T { return &v }

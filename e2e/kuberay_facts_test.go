@@ -136,7 +136,7 @@ func TestKubeRaySecretNameCreatesNoSecret(t *testing.T) {
 			// So the kubelet cannot create the Ray containers.
 			for _, p := range pods {
 				env.WaitPod(ns, p.Name, 30*time.Second, "in CreateContainerConfigError", func(p *corev1.Pod) bool {
-					return containerWaiting(p, p.Spec.Containers[0].Name) == "CreateContainerConfigError"
+					return anyWaiting(p, "CreateContainerConfigError")
 				})
 			}
 		}

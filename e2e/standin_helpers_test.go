@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -118,13 +119,37 @@ func containerWaiting(p *corev1.Pod, container string) string {
 
 // pullFailing reports whether the kubelet cannot pull the image of the first container it tries
 // (a worker's wait-gcs-ready, else the Ray container).
-func pullFailing(p *corev1.Pod) bool {
+func pullFailing(p *corev1.Pod) bool { return anyWaiting(p, "ErrImagePull", "ImagePullBackOff") }
+
+// anyWaiting reports whether a container of the pod (init or not) waits for one of reasons.
+func anyWaiting(p *corev1.Pod, reasons ...string) bool {
 	for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-		if w := s.State.Waiting; w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff") {
+		if s.State.Waiting != nil && slices.Contains(reasons, s.State.Waiting.Reason) {
 			return true
 		}
 	}
 	return false
+}
+
+// waitForNextSecond waits until the wall clock is in a later second than every container of pods
+// started in. Pod start times have one-second resolution, and raysync counts a container that
+// started in the same second as a token write as fresh.
+func (e *Env) waitForNextSecond(pods []corev1.Pod) {
+	e.t.Helper()
+	var latest time.Time
+	for _, p := range pods {
+		for _, s := range p.Status.ContainerStatuses {
+			if s.State.Running != nil && s.State.Running.StartedAt.After(latest) {
+				latest = s.State.Running.StartedAt.Time
+			}
+		}
+	}
+	next := latest.Truncate(time.Second).Add(time.Second)
+	if err := wait.PollUntilContextTimeout(e.ctx, 20*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return time.Now().After(next), nil
+	}); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 func restartCount(p *corev1.Pod, container string) int32 {

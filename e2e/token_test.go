@@ -424,12 +424,13 @@ func TestStalePodsReported(t *testing.T) {
 		env.CreateRayCluster(rayCluster(ns, "stale"))
 		env.WaitSecret(ns, "stale", 30*time.Second, holds(token))
 		pods := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=stale", 2, 60*time.Second)
-		labels := map[string]string{"namespace": ns, "raycluster": "stale"}
+		labels := map[string]string{"namespace": ns, "raycluster": "stale", "reason": "token"}
 		// Their containers started with the canonical token: nothing is stale.
 		env.AssertStartedWith(ns, token, "stale")
 		s.WaitMetric("raysync_stale_pods", labels, 0, 10*time.Second)
 
 		// A rotation: Ray keeps the token each process started with, so both running pods are stale.
+		env.waitForNextSecond(pods)
 		env.PutSource(ns, "ray-token", tokenData(env.NewToken()))
 		s.WaitMetric("raysync_stale_pods", labels, 2, 30*time.Second)
 		var head corev1.Pod
