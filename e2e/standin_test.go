@@ -117,13 +117,18 @@ func TestStandInKubeletSemantics(t *testing.T) {
 		tokenA, tokenB := env.NewToken(), env.NewToken()
 		env.PutSecret(ns, "head-token", corev1.SecretTypeOpaque, tokenData(tokenA))
 
-		t.Run("a missing Secret blocks the container, an optional one does not", func(t *testing.T) {
+		t.Run("a missing Secret or key blocks the container, an optional one does not", func(t *testing.T) {
 			env := env.With(t)
 			env.createPod(rawRayPod(ns, "blocked", "head", "missing", "not-yet", false))
+			noKey := rawRayPod(ns, "no-key", "head", "no-key", "head-token", false)
+			noKey.Spec.Containers[0].Env[1].ValueFrom.SecretKeyRef.Key = "token"
+			env.createPod(noKey)
 			env.createPod(rawRayPod(ns, "optional", "head", "optional", "never", true))
-			env.WaitPod(ns, "blocked", 30*time.Second, "in CreateContainerConfigError", func(p *corev1.Pod) bool {
-				return p.Status.Phase == corev1.PodPending && containerWaiting(p, "ray-head") == "CreateContainerConfigError"
-			})
+			for _, name := range []string{"blocked", "no-key"} {
+				env.WaitPod(ns, name, 30*time.Second, "in CreateContainerConfigError", func(p *corev1.Pod) bool {
+					return p.Status.Phase == corev1.PodPending && containerWaiting(p, "ray-head") == "CreateContainerConfigError"
+				})
+			}
 			// Token auth without a token: Ray refuses to start (the container fails), but it was created.
 			env.WaitPod(ns, "optional", 30*time.Second, "created without the optional variable", func(p *corev1.Pod) bool {
 				return restartCount(p, "ray-head") >= 1
