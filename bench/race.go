@@ -143,12 +143,12 @@ func (b *bench) race(n int, startDelay time.Duration) raceResult {
 	return r
 }
 
-// raceStarts waits until every cluster's head and its worker's first container have started, and
-// the starts have settled, then counts which token they started with.
+// raceStarts waits until every cluster's head, its worker's wait-gcs-ready and its raylet have
+// started, or the head refused the worker's token (then the worker never gets further), and counts
+// which token they started with.
 func (b *bench) raceStarts(r *raceResult, prefix string, names []string) {
 	ctx := context.Background()
 	canonical := b.cp.Ray.Fingerprint(b.token)
-	settled, last := time.Time{}, -1
 	check(wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		starts, err := b.cp.Ray.Starts(ctx, b.ns)
 		if err != nil {
@@ -161,15 +161,15 @@ func (b *bench) raceStarts(r *raceResult, prefix string, names []string) {
 			}
 		}
 		for _, c := range names {
-			if perCluster[c] < 2 { // the head's Ray container and the worker's wait-gcs-ready
+			if perCluster[c] >= 3 {
+				continue
+			}
+			st, err := b.cp.Ray.Stats(ctx, b.ns, c)
+			if err != nil || st.JoinFailures == 0 {
 				return false, nil
 			}
 		}
-		// A worker whose wait-gcs-ready was refused never gets further: wait until nothing new starts.
-		if len(starts) != last {
-			last, settled = len(starts), time.Now()
-		}
-		return time.Since(settled) > 2*time.Second, nil
+		return true, nil
 	}))
 	starts, err := b.cp.Ray.Starts(ctx, b.ns)
 	check(err)
