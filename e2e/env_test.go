@@ -339,4 +339,3 @@ func retryOnConflict(e *Env, f func() error) error {
 	}
 	return err
 }
-
