@@ -8,6 +8,26 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// containerRuntime is one container of a pod the stand-in runs.
+type containerRuntime struct {
+	spec  *corev1.Container
+	index int // in spec.containers or spec.initContainers
+	init  bool
+
+	// Guarded by the pod's mutex.
+	state, last  corev1.ContainerState
+	ready        bool
+	restarts     int
+	failures     int // consecutive failed runs (back-off exponent)
+	pullFailures int
+	id           string
+	fingerprint  string // of the RAY_AUTH_TOKEN of the current run
+}
+
+func waiting(reason, msg string) corev1.ContainerState {
+	return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}
+}
+
 // runInit runs an init container until it succeeds (false: the pod failed or is going away).
 func (p *podRuntime) runInit(c *containerRuntime) bool {
 	for {

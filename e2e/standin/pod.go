@@ -16,22 +16,6 @@ const (
 	roleSubmitter = "submitter"
 )
 
-// containerRuntime is one container of a pod the stand-in runs.
-type containerRuntime struct {
-	spec  *corev1.Container
-	index int // in spec.containers or spec.initContainers
-	init  bool
-
-	// Guarded by the pod's mutex.
-	state, last  corev1.ContainerState
-	ready        bool
-	restarts     int
-	failures     int // consecutive failed runs (back-off exponent)
-	pullFailures int
-	id           string
-	fingerprint  string // of the RAY_AUTH_TOKEN of the current run
-}
-
 // podRuntime runs one pod: it binds it, runs its containers as the kubelet would, and publishes
 // their state through pods/status.
 type podRuntime struct {
@@ -71,10 +55,6 @@ func newPodRuntime(k *Kubelet, pod *corev1.Pod, role string) *podRuntime {
 			state: waiting("PodInitializing", "")})
 	}
 	return p
-}
-
-func waiting(reason, msg string) corev1.ContainerState {
-	return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}
 }
 
 func (p *podRuntime) String() string { return p.pod.Namespace + "/" + p.pod.Name }
