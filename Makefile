@@ -32,13 +32,13 @@ unit: ## unit tests only (seconds)
 e2e: ## e2e tests only; E2E_KUBECONFIG=<path> runs them against an existing cluster instead
 	$(GO) test -count=1 -timeout 80m -v ./e2e/...
 
-bench: ## new-cluster race, rotation fan-out vs a minimal client, idle cost, memory, External Secrets Operator side by side (~35 min; prints tables, writes bench/results/latest.json)
+bench: ## new-cluster race (pods starting 0/100 ms/1 s after creation), rotation fan-out vs a minimal client, idle cost, memory, External Secrets Operator side by side, rotation with running clusters (~45 min; prints tables, writes bench/results/latest.json)
 	$(GO) run ./bench
 
 soak: ## long e2e variants (1,000 clusters created in a burst while rotating)
 	RAYSYNC_SOAK=1 $(GO) test -count=1 -timeout 60m -v -run 'TestSoak' ./e2e/...
 
-dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + KubeRay; kubeconfig in .dev/kubeconfig
+dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + the kubelet and Ray stand-in + KubeRay; kubeconfig in .dev/kubeconfig
 	$(GO) run ./e2e/cmd/devcluster up -kuberay $(KUBERAY_VERSION)
 
 dev-cluster-down: ## stop the dev cluster

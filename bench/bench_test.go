@@ -41,8 +41,19 @@ func TestSmoke(t *testing.T) {
 	if len(r.Memory) != 2 || r.Memory[0].PeakRSSMi <= 0 {
 		t.Errorf("memory: %+v", r.Memory)
 	}
-	if x := r.Race; x == nil || x.RaysyncFirst+x.KubeRayFirst != x.Clusters || x.Clusters == 0 {
-		t.Errorf("race: %+v (want every cluster's Secret created by raysync or KubeRay and measured)", x)
+	if len(r.Race) != 3 {
+		t.Errorf("race: %d start delays measured, want 3", len(r.Race))
+	}
+	for _, x := range r.Race {
+		if x.RaysyncFirst+x.KubeRayFirst != x.Clusters || x.Clusters == 0 {
+			t.Errorf("race: %+v (want every cluster's Secret created by raysync or KubeRay and measured)", x)
+		}
+		if x.ContainerStarts < 2*x.Clusters {
+			t.Errorf("race at %d ms: %d container starts for %d clusters (want a head and a worker each)", x.StartDelayMs, x.ContainerStarts, x.Clusters)
+		}
+	}
+	if x := r.Running; x == nil || x.ExternalRequests == 0 || x.OperatorAccepted+x.OperatorRejected == 0 {
+		t.Errorf("rotation with running clusters: %+v (want operator and external requests counted)", x)
 	}
 	e := r.ESO
 	if e == nil || len(e.Rotation) != 3 || len(e.Idle) != 2 || e.Memory.PeakRSSMi <= 0 {

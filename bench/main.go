@@ -1,12 +1,16 @@
 // Command bench measures raysync on one fresh local control plane and prints Markdown tables; the
 // numbers go to bench/results/latest.json. BENCHMARKS.md explains the method and the results.
 //
-//	go run ./bench           # race (50 clusters, KubeRay v1.6.1 running), fan-out N = 100, 1000, 5000
-//	                         # vs a minimal client, idle 5 min, memory M = 0 / 20,000, ESO side by side
-//	go run ./bench -smoke    # the same at tiny sizes, ~2 minutes with cached binaries (make test)
+//	go run ./bench           # race (50 clusters, KubeRay v1.6.1 running, pods starting 0 / 100 ms / 1 s
+//	                         # after creation), fan-out N = 100, 1000, 5000 vs a minimal client, idle
+//	                         # 5 min, memory M = 0 / 20,000, ESO side by side, today's rotation with
+//	                         # 10 RayServices and 10 RayClusters running (5 min)
+//	go run ./bench -smoke    # the same at tiny sizes, a few minutes with cached binaries (make test)
+//	go run ./bench -scenarios running -kuberay v1.5.1 -out /tmp/running.json   # one scenario
 //
-// The KubeRay operator watches only the race namespace: elsewhere the bench creates RayClusters and
-// KubeRay-shaped auth Secrets itself, to reach scale.
+// The KubeRay operator watches only the race and running namespaces: elsewhere the bench creates
+// RayClusters and KubeRay-shaped auth Secrets itself, to reach scale. The kubelet and Ray stand-in
+// starts the pods the operator creates.
 package main
 
 import (
@@ -38,14 +42,15 @@ import (
 )
 
 type result struct {
-	Commit   string           `json:"commit"`
-	CPUs     int              `json:"cpus"`
-	Smoke    bool             `json:"smoke"`
-	Race     *raceResult      `json:"new_cluster_race,omitempty"`
-	Rotation []rotationResult `json:"rotation"`
-	Idle     *idleResult      `json:"idle,omitempty"`
-	Memory   []memoryResult   `json:"memory"`
-	ESO      *esoResult       `json:"external_secrets_operator,omitempty"`
+	Commit   string                 `json:"commit"`
+	CPUs     int                    `json:"cpus"`
+	Smoke    bool                   `json:"smoke"`
+	Race     []raceResult           `json:"new_cluster_race"`
+	Running  *runningRotationResult `json:"running_rotation,omitempty"`
+	Rotation []rotationResult       `json:"rotation"`
+	Idle     *idleResult            `json:"idle,omitempty"`
+	Memory   []memoryResult         `json:"memory"`
+	ESO      *esoResult             `json:"external_secrets_operator,omitempty"`
 }
 
 // esoResult is raysync and External Secrets Operator on the same N targets, run alternately.
@@ -109,14 +114,18 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
-	only := flag.String("scenarios", "race,memory,fanout,eso", "which scenarios to run")
+	only := flag.String("scenarios", "race,memory,fanout,eso,running", "which scenarios to run")
+	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
 	flag.Parse()
 	ns := []int{100, 1000, 5000}
 	idleFor, memN, memM, raceN, esoN, esoRounds := 5*time.Minute, 1000, 20000, 50, 1000, 2
 	esoLimit1h := 2 * time.Minute
+	raceDelays := []time.Duration{0, 100 * time.Millisecond, time.Second}
+	runningServices, runningClusters, runningFor, probeEvery := 10, 10, 5*time.Minute, 10*time.Second
 	if *smoke {
-		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 12*time.Second, 20, 200, 5, 20, 1
+		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 12*time.Second, 20, 200, 3, 20, 1
 		esoLimit1h = 15 * time.Second
+		runningServices, runningClusters, runningFor, probeEvery = 1, 2, 15*time.Second, 2*time.Second
 	}
 	if *sizes != "" {
 		ns = nil
@@ -139,9 +148,12 @@ func main() {
 	defer os.RemoveAll(dir)
 	audit, auditFlags := auditArgs(dir)
 	// One control plane for everything; the operator acts only on the race namespace.
-	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", ExtraAPIServerArgs: auditFlags,
-		OperatorArgs: []string{"--watch-namespace=" + raceNamespace},
-		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
+	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
+		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace},
+		// Real-world periods, so counts over time mean what they would on a cluster: the kubelet's
+		// 10 s restart back-off base, KubeRay's wait-gcs-ready polling every 5 s.
+		StandIn: framework.StandInOptions{Backoff: 10 * time.Second, GCSRetry: 5 * time.Second},
+		Logf:    func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
 	defer cp.Stop()
 	bin := buildSyncer()
@@ -152,8 +164,15 @@ func main() {
 	res := result{Commit: gitCommit(), CPUs: runtime.NumCPU(), Smoke: *smoke}
 
 	if run["race"] {
-		r := (&bench{cp: cp, bin: bin, ns: raceNamespace}).race(raceN)
-		res.Race = &r
+		b := &bench{cp: cp, bin: bin, ns: raceNamespace}
+		b.setup(0)
+		for _, d := range raceDelays {
+			res.Race = append(res.Race, b.race(raceN, d))
+		}
+	}
+	if run["running"] {
+		r := (&bench{cp: cp, bin: bin, ns: runningNamespace}).runningRotation(runningServices, runningClusters, runningFor, probeEvery)
+		res.Running = &r
 	}
 
 	// Memory: peak RSS with N clusters, before and after M unrelated 8 KiB Secrets exist; then ESO at M.
@@ -481,13 +500,20 @@ func (p *proc) peakRSSMiB() float64 {
 
 func printTable(r result) {
 	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
-	if x := r.Race; x != nil {
-		fmt.Printf("\n| new-cluster race (%s, %d clusters at once) | p50 | p95 | p99 | max | created by raysync / KubeRay | delay when KubeRay created it |\n|---|---|---|---|---|---|---|\n", x.OperatorImage, x.Clusters)
-		kuberay := "—"
-		if x.KubeRayFirst > 0 {
-			kuberay = fmt.Sprintf("%.1f-%.1f ms", x.KubeRayMinMs, x.KubeRayMaxMs)
-		}
-		fmt.Printf("| first watch event to canonical token | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %d / %d | %s |\n", x.P50Ms, x.P95Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, kuberay)
+	if len(r.Race) > 0 {
+		x := r.Race[0]
+		fmt.Printf("\n| new-cluster race (%s, %d clusters at once), pod start delay | Secret: first watch event to canonical token p50 / p99 / max | created by raysync / KubeRay | container starts with a token | started with a non-canonical token | clusters affected | GCS joins refused |\n|---|---|---|---|---|---|---|\n", x.OperatorImage, x.Clusters)
+	}
+	for _, x := range r.Race {
+		fmt.Printf("| %d ms | %.1f / %.1f / %.1f ms | %d / %d | %d | %d | %d | %d |\n", x.StartDelayMs, x.P50Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, x.ContainerStarts, x.NonCanonical, x.ClustersAffected, x.JoinFailures)
+	}
+	if x := r.Running; x != nil {
+		fmt.Printf("\n| rotation with running clusters (KubeRay %s, %d RayServices + %d RayClusters, %.0f s) | count |\n|---|---|\n", x.KubeRay, x.RayServices, x.RayClusters, x.ObservedSeconds)
+		fmt.Printf("| operator requests rejected by a cluster (accepted) | %d (%d) |\n", x.OperatorRejected, x.OperatorAccepted)
+		fmt.Printf("| worker GCS join failures (container restarts) | %d (%d) |\n", x.JoinFailures, x.Restarts)
+		fmt.Printf("| RayService status changes | %d |\n", x.StatusChanges)
+		fmt.Printf("| external requests with the new token rejected | %d of %d |\n", x.ExternalRejected, x.ExternalRequests)
+		fmt.Printf("| new workers (scaled up, restarted) never Ready | %d |\n", x.NewWorkersNotReady)
 	}
 	if len(r.Rotation) > 0 {
 		fmt.Println("\n| rotation fan-out N | p50 | p99 | last | target writes | minimal client (N writes) | raysync / minimal | TokenRotated Events |")

@@ -147,7 +147,7 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 				// POD_NAMESPACE comes from the downward API in the cluster.
 				syncer := env.StartSyncerAs(kubeconfig, append(args, "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")...)
 
-				env.CreateRayCluster(rayCluster(ns, "rbac"))
+				env.CreateRayCluster(rayCluster(ns, "rbac", withPrivateImage)) // never-started pods: raysync recycles them
 				env.WaitSecret(ns, "rbac", 30*time.Second, holds(token))
 				env.WaitSecret(ns, "regcred", 30*time.Second, nil)
 				env.WaitAllPods(ns, "rbac", 2, 60*time.Second, "listing the pull secret", listsPullSecret("regcred"))

@@ -54,11 +54,24 @@ func (e *Env) With(t *testing.T) *Env {
 // Namespace creates a namespace of the test's own, deleted when the test ends.
 func (e *Env) Namespace() string {
 	e.t.Helper()
+	return e.NamespaceAnnotated(nil)
+}
+
+// NamespaceWithoutKubelet creates a namespace whose pods the kubelet stand-in never starts: they
+// stay Pending and unbound, for tests about templates and never-started pods.
+func (e *Env) NamespaceWithoutKubelet() string {
+	e.t.Helper()
+	return e.NamespaceAnnotated(map[string]string{framework.StandInStart: "never"})
+}
+
+// NamespaceAnnotated creates a namespace with annotations (e.g. the stand-in's start delay).
+func (e *Env) NamespaceAnnotated(annotations map[string]string) string {
+	e.t.Helper()
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	name := "e2e-" + hex.EncodeToString(b)
 	_, err := e.Kube.CoreV1().Namespaces().Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name,
-		Labels: map[string]string{"raysync.dev/e2e": "true"}}}, metav1.CreateOptions{})
+		Labels: map[string]string{"raysync.dev/e2e": "true"}, Annotations: annotations}}, metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatalf("create namespace: %v", err)
 	}
@@ -216,7 +229,17 @@ func withLabels(l map[string]string) func(*unstructured.Unstructured) {
 	return func(u *unstructured.Unstructured) { u.SetLabels(l) }
 }
 
-// rayService builds a RayService whose clusters use token auth; old clusters go 3 s after a switch.
+// serveConfig is a RayService's Serve application; the stand-in's head deploys it.
+const serveConfig = `applications:
+  - name: fruit
+    route_prefix: /fruit
+    import_path: fruit.deployment_graph
+    deployments:
+      - name: MangoStand
+`
+
+// rayService builds a RayService whose clusters use token auth and serve one application; old
+// clusters go 3 s after a switch.
 func rayService(ns, name, version string) *unstructured.Unstructured {
 	spec := rayCluster(ns, "unused").Object["spec"]
 	return &unstructured.Unstructured{Object: map[string]any{
@@ -224,9 +247,24 @@ func rayService(ns, name, version string) *unstructured.Unstructured {
 		"metadata": map[string]any{"name": name, "namespace": ns, "labels": map[string]any{"version": version}},
 		"spec": map[string]any{
 			"rayClusterDeletionDelaySeconds": int64(3),
+			"serveConfigV2":                  serveConfig,
 			"rayClusterConfig":               spec,
 		},
 	}}
+}
+
+// withPrivateImage makes every Ray container pull from the private registry: the stand-in pulls
+// it only for pods whose imagePullSecrets hold credentials for it.
+func withPrivateImage(spec map[string]any) {
+	templates := []map[string]any{spec["headGroupSpec"].(map[string]any)}
+	for _, g := range spec["workerGroupSpecs"].([]any) {
+		templates = append(templates, g.(map[string]any))
+	}
+	for _, t := range templates {
+		for _, c := range t["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any) {
+			c.(map[string]any)["image"] = framework.PrivateRegistry + "/ml/ray:2.52.0"
+		}
+	}
 }
 
 // WaitServiceClusters waits until the RayService has at least n clusters matching keep (nil keeps all).
@@ -292,30 +330,6 @@ func (e *Env) WaitEventMessage(ns, object, reason string, timeout time.Duration,
 	}
 }
 
-// MarkRunning sets a pod's status as a kubelet would once all its containers started at startedAt.
-func (e *Env) MarkRunning(p *corev1.Pod, startedAt time.Time) {
-	e.t.Helper()
-	err := retryOnConflict(e, func() error {
-		cur, err := e.Kube.CoreV1().Pods(p.Namespace).Get(e.ctx, p.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		cur.Status.Phase = corev1.PodRunning
-		cur.Status.ContainerStatuses = nil
-		for _, c := range cur.Spec.Containers {
-			cur.Status.ContainerStatuses = append(cur.Status.ContainerStatuses, corev1.ContainerStatus{
-				Name: c.Name, Image: c.Image, Ready: true, Started: ptr(true),
-				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(startedAt)}},
-			})
-		}
-		_, err = e.Kube.CoreV1().Pods(p.Namespace).UpdateStatus(e.ctx, cur, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		e.t.Fatalf("mark pod %s running: %v", p.Name, err)
-	}
-}
-
 func retryOnConflict(e *Env, f func() error) error {
 	var err error
 	for i := 0; i < 10; i++ {
@@ -325,5 +339,3 @@ func retryOnConflict(e *Env, f func() error) error {
 	}
 	return err
 }
-
-func ptr[T any](v T) *T { return &v }

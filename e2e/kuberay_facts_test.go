@@ -132,5 +132,13 @@ func TestKubeRaySecretNameCreatesNoSecret(t *testing.T) {
 				t.Errorf("Secret %s: want NotFound, got %v", n, err)
 			}
 		}
+		if env.ControlPlane.Ray != nil {
+			// So the kubelet cannot create the Ray containers.
+			for _, p := range pods {
+				env.WaitPod(ns, p.Name, 30*time.Second, "in CreateContainerConfigError", func(p *corev1.Pod) bool {
+					return anyWaiting(p, "CreateContainerConfigError")
+				})
+			}
+		}
 	})
 }

@@ -20,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/internal/kuberay"
 )
 
 const dockerConfig = `{"auths":{"registry.example.internal":{"auth":"cmF5OnMzY3JldC1yZWdpc3RyeS1wYXNz"}}}`
@@ -120,13 +122,20 @@ func TestPullSecretReachesEveryRayPod(t *testing.T) {
 		srcNS, ns := env.Namespace(), env.Namespace()
 		env.PutSource(srcNS, "ray-token", tokenData(env.NewToken()))
 		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(env.Secret(dockerConfig))})
-		// The RayService exists before raysync: KubeRay's first pods lack the pull secret.
+		// The RayService exists before raysync: KubeRay's first pods lack the pull secret, so the
+		// kubelet cannot pull their private image.
 		svc := rayService(ns, "private", "v1")
+		withPrivateImage(svc.Object["spec"].(map[string]any)["rayClusterConfig"].(map[string]any))
 		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		rc := env.WaitServiceClusters(ns, "private", 1, nil)[0]
 		before := env.WaitPods(ns, rc.GetName(), 2, 30*time.Second)
+		if env.ControlPlane.Ray != nil {
+			for _, p := range before {
+				env.WaitPod(ns, p.Name, 30*time.Second, "failing to pull its image", pullFailing)
+			}
+		}
 
 		s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--pull-secret="+srcNS+"/regcred")
 		copySecret := env.WaitSecret(ns, "regcred", 30*time.Second, func(s *corev1.Secret) bool {
@@ -157,6 +166,10 @@ func TestPullSecretReachesEveryRayPod(t *testing.T) {
 		}
 		s.WaitMetric("raysync_target_in_sync", map[string]string{"namespace": ns, "raycluster": rc.GetName(), "kind": "pull_secret"}, 1, 10*time.Second)
 		env.WaitEvent(ns, rc.GetName(), "PodRecycled", 10*time.Second)
+		if env.ControlPlane.Ray != nil {
+			// The replacements pull the image with the copy's credentials and run.
+			env.WaitPodsReady(ns, kuberay.ClusterLabel+"="+rc.GetName(), 2, 60*time.Second)
+		}
 
 		// The source changes (ESO refreshed it): the copy follows.
 		newCfg := strings.Replace(dockerConfig, "cmF5", "bmV3", 1)
@@ -167,7 +180,9 @@ func TestPullSecretReachesEveryRayPod(t *testing.T) {
 
 func TestAutoscalerGetsClientTLS(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		srcNS, ns := env.Namespace(), env.Namespace()
+		// Pods never start here: the test follows a head pod KubeRay made before the template was
+		// patched until raysync recycles it, which only never-started pods are.
+		srcNS, ns := env.Namespace(), env.NamespaceWithoutKubelet()
 		env.PutSource(srcNS, "ray-token", tokenData(env.NewToken()))
 		crt, key := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(30*24*time.Hour))
 		ca, _ := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(365*24*time.Hour))
@@ -360,10 +375,7 @@ func TestRecreateClustersAreDeferred(t *testing.T) {
 		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(dockerConfig)})
 		recreate := func(spec map[string]any) { spec["upgradeStrategy"] = map[string]any{"type": "Recreate"} }
 		env.CreateRayCluster(rayCluster(ns, "running", recreate))
-		pods := env.WaitPods(ns, "running", 2, 30*time.Second)
-		for i := range pods {
-			env.MarkRunning(&pods[i], time.Now().Add(-time.Minute))
-		}
+		pods := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=running", 2, 60*time.Second)
 		s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--pull-secret="+srcNS+"/regcred")
 		env.WaitEvent(ns, "running", "TemplatePatchDeferred", 30*time.Second)
 		s.WaitMetric("raysync_template_deferred", map[string]string{"namespace": ns, "raycluster": "running"}, 1, 10*time.Second)
@@ -378,9 +390,13 @@ func TestRecreateClustersAreDeferred(t *testing.T) {
 				t.Errorf("running pod %s: %v", p.Name, err)
 			}
 		}
-		// A Recreate cluster with no running pods yet is patched at once.
-		env.CreateRayCluster(rayCluster(ns, "fresh", recreate))
+		// A Recreate cluster with no running pods yet (its private image does not pull without the
+		// pull secret) is patched at once; KubeRay recreates its pods, which then pull and run.
+		env.CreateRayCluster(rayCluster(ns, "fresh", recreate, withPrivateImage))
 		env.WaitAllPods(ns, "fresh", 2, 60*time.Second, "listing the pull secret", listsPullSecret("regcred"))
+		if env.ControlPlane.Ray != nil { // a real cluster cannot reach registry.example.internal
+			env.WaitPodsReady(ns, kuberay.ClusterLabel+"=fresh", 2, 60*time.Second)
+		}
 	})
 }
 
@@ -424,10 +440,7 @@ func TestRunningPodsAreNeverRecycled(t *testing.T) {
 		env.PutSource(srcNS, "ray-token", tokenData(env.NewToken()))
 		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(dockerConfig)})
 		env.CreateRayCluster(rayCluster(ns, "busy"))
-		pods := env.WaitPods(ns, "busy", 2, 30*time.Second)
-		for i := range pods {
-			env.MarkRunning(&pods[i], time.Now().Add(-time.Minute))
-		}
+		pods := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=busy", 2, 60*time.Second)
 		s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--pull-secret="+srcNS+"/regcred")
 		// The template is fixed for future pods...
 		err := wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {

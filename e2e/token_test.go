@@ -1,18 +1,22 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/raysync/raysync/internal/kuberay"
@@ -133,31 +137,95 @@ func TestProjectsCanonicalTokenIntoNewClusters(t *testing.T) {
 	})
 }
 
+// TestRayServiceBlueGreenKeepsOneToken runs a RayService's blue-green upgrade to the end with Ray in
+// the loop: the first cluster becomes Ready and serves, a spec change brings up a second cluster
+// that becomes ready, traffic switches to it, the first is deleted after its deletion delay, and
+// every container of both clusters started with the canonical token.
 func TestRayServiceBlueGreenKeepsOneToken(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ray := env.StandIn()
 		ns, token := env.NamespaceWithToken()
 		env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 
 		svc := rayService(ns, "serve", "v1")
+		start := time.Now()
 		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		blue := env.WaitServiceClusters(ns, "serve", 1, nil)[0]
-		env.WaitSecret(ns, kuberay.CheckName(blue.GetName()), 30*time.Second, holds(token))
+		blue := env.WaitServiceClusters(ns, "serve", 1, nil)[0].GetName()
+		env.WaitSecret(ns, kuberay.CheckName(blue), 30*time.Second, holds(token))
+		env.WaitRayServiceReady(ns, "serve", 120*time.Second, func(active string) bool { return active == blue })
+		ready := time.Since(start)
+		env.assertServesFrom(ns, "serve", blue)
 
 		// Changing rayClusterConfig makes KubeRay prepare a new cluster with a new generated name.
+		upgrade := time.Now()
 		env.PatchRayService(ns, "serve", `{"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"labels":{"version":"v2"}}}}}}}`)
-		green := env.WaitServiceClusters(ns, "serve", 1, func(rc *unstructured.Unstructured) bool { return rc.GetName() != blue.GetName() })[0]
-		env.WaitSecret(ns, kuberay.CheckName(green.GetName()), 30*time.Second, holds(token))
-		t.Logf("blue-green: %s -> %s, both on the canonical token", blue.GetName(), green.GetName())
+		green := env.WaitServiceClusters(ns, "serve", 1, func(rc *unstructured.Unstructured) bool { return rc.GetName() != blue })[0].GetName()
+		env.WaitSecret(ns, kuberay.CheckName(green), 30*time.Second, holds(token))
+		env.WaitRayServiceReady(ns, "serve", 120*time.Second, func(active string) bool { return active == green })
+		switched := time.Since(upgrade)
+		env.assertServesFrom(ns, "serve", green)
 
 		// The old cluster goes after rayClusterDeletionDelaySeconds; its Secret is garbage-collected with it.
-		env.WaitSecretGone(ns, kuberay.CheckName(blue.GetName()), 90*time.Second)
-		env.WaitSecret(ns, kuberay.CheckName(green.GetName()), 5*time.Second, holds(token))
+		err := wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(ctx, blue, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			t.Fatalf("old cluster %s never deleted", blue)
+		}
+		deleted := time.Since(upgrade)
+		t.Logf("MEASURE blue-green kuberay=%s first_ready_s=%.1f switch_s=%.1f old_cluster_deleted_s=%.1f (deletion delay 3s)",
+			env.KubeRayVersion, ready.Seconds(), switched.Seconds(), deleted.Seconds())
+		// Its Secret goes by garbage collection (up to ~40 s late right after the control plane starts).
+		env.WaitSecretGone(ns, kuberay.CheckName(blue), 90*time.Second)
+
+		env.AssertStartedWith(ns, token, blue, green)
+		for _, c := range []string{blue, green} {
+			st, err := ray.Stats(env.ctx, ns, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if op := st.Requests["operator"]; op.Accepted == 0 || op.Rejected() != 0 {
+				t.Errorf("cluster %s: operator requests %+v, want accepted and none refused", c, op)
+			}
+			if st.JoinFailures != 0 {
+				t.Errorf("cluster %s: %d GCS join failures", c, st.JoinFailures)
+			}
+		}
+		// The operator reached the heads' Serve proxies at their pod IPs, and only through the proxy:
+		// nothing else answers for 198.19.0.0/16, and its sockets all lead to loopback.
+		px, err := ray.ProxyStats(env.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if px["operator"].ToPodIP == 0 || px["operator"].ToService == 0 {
+			t.Errorf("operator traffic through the stand-in's proxy: %+v", px["operator"])
+		}
+		env.assertLoopbackOnly("kuberay-operator")
 		if ev := warnings(env.Events(ns, "raysync", "")); len(ev) > 0 {
 			t.Errorf("unexpected Warning Events: %v", ev)
 		}
 	})
+}
+
+// assertServesFrom checks that the RayService's head and serve Services select cluster, and that
+// its application answers through the serve Service.
+func (e *Env) assertServesFrom(ns, svc, cluster string) {
+	e.t.Helper()
+	for _, name := range []string{svc + "-head-svc", svc + "-serve-svc"} {
+		s, err := e.Kube.CoreV1().Services(ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if got := s.Spec.Selector[kuberay.ClusterLabel]; got != cluster {
+			e.t.Errorf("Service %s selects cluster %q, want %q", name, got, cluster)
+		}
+	}
+	if code := e.rayGet(fmt.Sprintf("http://%s-serve-svc.%s.svc.cluster.local:8000/fruit/mango", svc, ns), nil); code != http.StatusOK {
+		e.t.Errorf("the Serve application answered HTTP %d through %s-serve-svc", code, svc)
+	}
 }
 
 func TestReferencedSecretName(t *testing.T) {
@@ -350,28 +418,37 @@ func TestForeignSecretIsNeverTouched(t *testing.T) {
 
 func TestStalePodsReported(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
+		ray := env.StandIn()
 		ns, token := env.NamespaceWithToken()
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "stale"))
 		env.WaitSecret(ns, "stale", 30*time.Second, holds(token))
-		pods := env.WaitPods(ns, "stale", 2, 30*time.Second)
-		labels := map[string]string{"namespace": ns, "raycluster": "stale"}
-		// Pods whose containers have not started are not stale.
+		pods := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=stale", 2, 60*time.Second)
+		labels := map[string]string{"namespace": ns, "raycluster": "stale", "reason": "token"}
+		// Their containers started with the canonical token: nothing is stale.
+		env.AssertStartedWith(ns, token, "stale")
 		s.WaitMetric("raysync_stale_pods", labels, 0, 10*time.Second)
 
-		// The head pod's containers started an hour ago (there is no kubelet: set it through the status subresource).
-		head := pods[0]
+		// A rotation: Ray keeps the token each process started with, so both running pods are stale.
+		env.waitForNextSecond(pods)
+		env.PutSource(ns, "ray-token", tokenData(env.NewToken()))
+		s.WaitMetric("raysync_stale_pods", labels, 2, 30*time.Second)
+		var head corev1.Pod
 		for _, p := range pods {
 			if p.Labels[kuberay.NodeTypeLabel] == "head" {
 				head = p
 			}
 		}
-		env.MarkRunning(&head, time.Now().Add(-time.Hour))
-		env.PutSource(ns, "ray-token", tokenData(env.NewToken()))
-		s.WaitMetric("raysync_stale_pods", labels, 1, 30*time.Second)
 		ev := env.WaitEvent(ns, "stale", "StaleToken", 30*time.Second)
 		if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, head.Name) {
 			t.Errorf("StaleToken event: %s %q", ev.Type, ev.Message)
+		}
+		tokens, err := ray.ContainerTokens(env.ctx, ns, head.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tokens[head.Spec.Containers[0].Name] != ray.Fingerprint(token) {
+			t.Error("the running head does not run on the token it started with")
 		}
 	})
 }

@@ -37,6 +37,8 @@ type Options struct {
 	ExtraAPIServerArgs []string
 	// OperatorArgs are appended to the KubeRay operator's flags (e.g. --watch-namespace).
 	OperatorArgs []string
+	// StandIn tunes the kubelet and Ray stand-in every control plane runs.
+	StandIn StandInOptions
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -52,14 +54,17 @@ type ControlPlane struct {
 	Dynamic    dynamic.Interface
 	// External is true when the harness connected to a cluster it did not start (E2E_KUBECONFIG).
 	External bool
+	// Ray is the kubelet and Ray stand-in (nil on an external cluster, which has real kubelets).
+	Ray *RayStandIn
 	// tempDir: Dir was created by Start and is removed by Stop (unless $E2E_KEEP_DIR is set).
 	tempDir bool
 
 	procs []*process
 }
 
-// Start brings up etcd → kube-apiserver → kube-controller-manager → KubeRay CRDs → KubeRay operator,
-// each waited on for readiness. On error everything started so far is stopped.
+// Start brings up etcd → kube-apiserver → kube-controller-manager → kubelet and Ray stand-in →
+// KubeRay CRDs → KubeRay operator (its HTTP_PROXY the stand-in), each waited on for readiness. On
+// error everything started so far is stopped.
 func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	logf := o.Logf
 	if logf == nil {
@@ -111,8 +116,8 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		return cp, err
 	}
 
-	start := func(name, path string, args ...string) error {
-		p, err := startProcess(dir, name, path, args, o.Detached)
+	start := func(name, path string, env []string, args ...string) error {
+		p, err := startProcess(dir, name, path, args, env, o.Detached)
 		if err != nil {
 			return err
 		}
@@ -123,13 +128,13 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	t0 := time.Now()
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-	if err := start("etcd", bins.Etcd, "--name=e2e", "--data-dir="+filepath.Join(dir, "etcd"),
+	if err := start("etcd", bins.Etcd, nil, "--name=e2e", "--data-dir="+filepath.Join(dir, "etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 		"--initial-cluster=e2e="+peerURL, "--unsafe-no-fsync", "--log-level=warn"); err != nil {
 		return cp, err
 	}
-	if err := waitHTTP(ctx, cp.procs[0], etcdURL+"/health", `"health":"true"`, 30*time.Second); err != nil {
+	if err := waitHTTP(ctx, cp.proc("etcd"), etcdURL+"/health", `"health":"true"`, 30*time.Second); err != nil {
 		return cp, fmt.Errorf("etcd: %w", err)
 	}
 	logf("etcd ready on 127.0.0.1:%d (%s)", etcdPort, time.Since(t0).Round(time.Millisecond))
@@ -142,7 +147,7 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		"--service-account-key-file=" + pk.saPub, "--service-account-signing-key-file=" + pk.saKey,
 		"--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--allow-privileged=true",
 	}
-	if err := start("kube-apiserver", bins.APIServer, append(apiArgs, o.ExtraAPIServerArgs...)...); err != nil {
+	if err := start("kube-apiserver", bins.APIServer, nil, append(apiArgs, o.ExtraAPIServerArgs...)...); err != nil {
 		return cp, err
 	}
 	if err := cp.connect(); err != nil {
@@ -153,14 +158,17 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	}
 	logf("kube-apiserver ready on 127.0.0.1:%d (%s)", apiPort, time.Since(t0).Round(time.Millisecond))
 
-	if err := start("kube-controller-manager", bins.ControllerManager, "--kubeconfig="+kcmKubeconfig,
+	// Besides garbage collection, namespaces and ServiceAccounts: Endpoints and EndpointSlices (a
+	// RayService is Ready once its serve Service has ready endpoints) and Jobs (RayJob submitters).
+	if err := start("kube-controller-manager", bins.ControllerManager, nil, "--kubeconfig="+kcmKubeconfig,
 		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=true",
 		"--root-ca-file="+pk.caCert, "--service-account-private-key-file="+pk.saKey,
-		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller"); err != nil {
+		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"+
+			"endpoints-controller,endpointslice-controller,job-controller"); err != nil {
 		return cp, err
 	}
 	// The serviceaccount controller creates each namespace's default ServiceAccount; Pods need it.
-	if err := poll(ctx, cp.procs[2], 60*time.Second, func(ctx context.Context) (bool, error) {
+	if err := poll(ctx, cp.proc("kube-controller-manager"), 60*time.Second, func(ctx context.Context) (bool, error) {
 		_, err := cp.Kube.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	}); err != nil {
@@ -168,15 +176,20 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	}
 	logf("kube-controller-manager ready (%s)", time.Since(t0).Round(time.Millisecond))
 
+	if err := cp.startStandIn(ctx, o); err != nil {
+		return cp, err
+	}
+	logf("kubelet and Ray stand-in ready, JSON at %s (%s)", cp.Ray.APIURL, time.Since(t0).Round(time.Millisecond))
+
 	if err := InstallCRDs(ctx, cp.Dynamic, bins.KubeRayCRDs); err != nil {
 		return cp, err
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
-	if err := start("kuberay-operator", bins.KubeRay, append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
+	if err := start("kuberay-operator", bins.KubeRay, cp.Ray.operatorEnv(), append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
 		"--metrics-addr=0", "--health-probe-bind-address=" + probe}, o.OperatorArgs...)...); err != nil {
 		return cp, err
 	}
-	if err := waitHTTP(ctx, cp.procs[3], "http://"+probe+"/readyz", "", 60*time.Second); err != nil {
+	if err := waitHTTP(ctx, cp.proc("kuberay-operator"), "http://"+probe+"/readyz", "", 60*time.Second); err != nil {
 		return cp, fmt.Errorf("kuberay operator: %w", err)
 	}
 	logf("KubeRay operator %s ready (%s)", o.KubeRayVersion, time.Since(t0).Round(time.Millisecond))
@@ -198,7 +211,9 @@ func Attach(dir string) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ControlPlane{Dir: dir, procs: procs, Kubeconfig: filepath.Join(dir, "admin.kubeconfig")}, nil
+	cp := &ControlPlane{Dir: dir, procs: procs, Kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
+	cp.Ray, _ = AttachStandIn(dir)
+	return cp, nil
 }
 
 func (c *ControlPlane) connect() error {
@@ -215,7 +230,7 @@ func (c *ControlPlane) connect() error {
 	return err
 }
 
-// Stop stops every process in order (operator, kcm, apiserver, etcd). Safe to call twice.
+// Stop stops every process in order (operator, stand-in, kcm, apiserver, etcd). Safe to call twice.
 func (c *ControlPlane) Stop() error {
 	if c == nil || c.External {
 		return nil
@@ -244,7 +259,7 @@ func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
 	if old == nil {
 		return errors.New("no kube-apiserver process (external cluster?)")
 	}
-	p, err := startProcess(c.Dir, old.name, old.path, old.args, false)
+	p, err := startProcess(c.Dir, old.name, old.path, old.args, old.env, false)
 	if err != nil {
 		return err
 	}
@@ -255,6 +270,10 @@ func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
 	}
 	return c.waitAPIServer(ctx, 90*time.Second)
 }
+
+// LogPath is where a process of this control plane logs (etcd, kube-apiserver,
+// kube-controller-manager, standin, kuberay-operator).
+func (c *ControlPlane) LogPath(name string) string { return filepath.Join(c.Dir, name+".log") }
 
 func (c *ControlPlane) proc(name string) *process {
 	for _, p := range c.procs {

@@ -20,13 +20,14 @@ type process struct {
 	path string
 	dir  string // holds <name>.log
 	args []string
+	env  []string // added to the harness's environment
 	pid  int
 	done chan struct{} // closed when the process exits (only for children still owned by us)
 }
 
 // startProcess starts path with args, logging to <dir>/<name>.log. Unless detached, the child gets
 // SIGKILL when the harness dies (Pdeathsig), so a crashed or killed test run leaves nothing behind.
-func startProcess(dir, name, path string, args []string, detached bool) (*process, error) {
+func startProcess(dir, name, path string, args, env []string, detached bool) (*process, error) {
 	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -35,6 +36,9 @@ func startProcess(dir, name, path string, args []string, detached bool) (*proces
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Stdin = nil
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if !detached {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
@@ -42,7 +46,7 @@ func startProcess(dir, name, path string, args []string, detached bool) (*proces
 	if err := spawn(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, path: path, dir: dir, args: args, pid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &process{name: name, path: path, dir: dir, args: args, env: env, pid: cmd.Process.Pid, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	return p, nil
 }

@@ -1,7 +1,10 @@
 // Command demo is `make demo`: raysync's main job end to end on a local control plane with stock
-// KubeRay v1.6.1. It starts (or reuses) the dev cluster in .dev/, creates a canonical token Secret,
-// starts raysync, deploys a token-auth RayService, walks it through a blue-green upgrade and a token
-// rotation, and prints what happened. Tokens are never printed. `make demo-down` stops everything.
+// KubeRay v1.6.1 and Ray in the loop (the kubelet and Ray stand-in). It starts (or reuses) the dev
+// cluster in .dev/, creates a canonical token Secret, starts raysync, deploys a token-auth
+// RayService and shows it Ready and serving, submits a job with the canonical token (accepted) and
+// one with a wrong token (refused), walks the RayService through a blue-green upgrade to the end and
+// through a token rotation, and prints what happened. Tokens are never printed. `make demo-down`
+// stops everything.
 package main
 
 import (
@@ -74,7 +77,8 @@ func main() {
 
 	step("2. The canonical token: one Secret (in production, filled by External Secrets Operator)")
 	_, _ = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	putSource(ctx, cp, newToken())
+	token := newToken()
+	putSource(ctx, cp, token)
 	fmt.Printf("   Secret %s/%s, key auth_token (value never printed)\n", ns, sourceName)
 	putPlatformSecrets(ctx, cp)
 	fmt.Printf("   plus %s/regcred (private registry) and %s/autoscaler-tls (client certificate for an authenticating API proxy)\n", platformNS, platformNS)
@@ -89,44 +93,65 @@ func main() {
 	if _, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		check(err)
 	}
+	created := time.Now()
 	blue := waitNewCluster(ctx, cp, "")
 	waitCanonical(ctx, cp, blue)
 	show(ctx, cp)
 	showPods(ctx, cp, blue)
+	waitReady(ctx, cp, blue)
+	fmt.Printf("   RayService %s Ready %s after it was applied (cluster %s active)\n", svcName, time.Since(created).Round(time.Second), blue)
+	serving(ctx, cp)
+	showProcessTokens(ctx, cp, blue, token)
 
-	step("5. Blue-green upgrade: change the RayService, KubeRay starts a NEW cluster with a new name")
+	step("5. Ray jobs through the head Service, as Airflow or CI would submit them")
+	submitJob(ctx, cp, "canonical token", token)
+	submitJob(ctx, cp, "wrong token", "not-the-"+token)
+
+	step("6. Blue-green upgrade: change the RayService, KubeRay starts a NEW cluster with a new name")
 	headSeen := watchHeadPods(ctx, cp)
+	upgrade := time.Now()
 	_, err = cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Patch(ctx, svcName, types.MergePatchType,
 		[]byte(`{"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"labels":{"model":"v2"}}}}}}}`), metav1.PatchOptions{})
 	check(err)
 	green := waitNewCluster(ctx, cp, blue)
 	waitCanonical(ctx, cp, green)
 	raceReport(ctx, cp, green, headSeen)
+	waitReady(ctx, cp, green)
+	fmt.Printf("   traffic switched to %s %s after the change: the RayService's Services select it\n", green, time.Since(upgrade).Round(time.Second))
+	serving(ctx, cp)
+	showProcessTokens(ctx, cp, green, token)
+	waitGone(ctx, cp, blue)
+	fmt.Printf("   old cluster %s deleted %s after the change (rayClusterDeletionDelaySeconds: %d): upgrade complete\n", blue, time.Since(upgrade).Round(time.Second), deletionDelay)
 	show(ctx, cp)
 
-	step("6. Rotate the canonical token (what ESO does when Vault rotates it)")
+	step("7. Rotate the canonical token (what ESO does when Vault rotates it)")
 	start := time.Now()
-	putSource(ctx, cp, newToken())
-	for _, c := range []string{blue, green} {
-		waitCanonical(ctx, cp, c)
-	}
-	fmt.Printf("   every cluster's Secret holds the new token %s after the source changed\n", time.Since(start).Round(time.Millisecond))
+	rotated := newToken()
+	putSource(ctx, cp, rotated)
+	waitCanonical(ctx, cp, green)
+	fmt.Printf("   the cluster's Secret holds the new token %s after the source changed\n", time.Since(start).Round(time.Millisecond))
 	show(ctx, cp)
+	fmt.Println("   but a running Ray process keeps the token it started with (raysync reports it: raysync_stale_pods):")
+	submitJob(ctx, cp, "new token on the running cluster", rotated)
 	metricsExcerpt(metricsURL)
 
 	fmt.Printf(`
-Keep exploring (raysync and the cluster keep running):
+Keep exploring (raysync, the cluster and emulated Ray keep running):
   export KUBECONFIG=%s
-  kubectl -n %s get rayservices,rayclusters,pods
+  kubectl -n %s get rayservices,rayclusters,pods -o wide
   kubectl -n %s get secrets -o custom-columns=NAME:.metadata.name,SYNCED:.metadata.annotations.raysync\.dev/synced-at
   kubectl -n %s get events --field-selector source=raysync
-  kubectl -n %s get secrets -l raysync.dev/managed-by=raysync
   curl -s %s | grep ^raysync_
-  tail -f .dev/syncer.log
-The old cluster %s is deleted by KubeRay 30 s after the switch; its Secret goes with it.
+  curl -s %s/v1/clusters        # what each Ray cluster saw: requests per caller, 401/403, join failures
+  curl -s -x %s http://%s-serve-svc.%s.svc.cluster.local:8000/fruit
+  tail -f .dev/syncer.log .dev/standin.log
 Stop everything: make demo-down
-`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, ns, metricsURL, blue)
+`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, cp.Ray.APIURL, cp.Ray.ClientProxyURL, svcName, ns)
 }
+
+// deletionDelay is the RayService's rayClusterDeletionDelaySeconds: how long the old cluster keeps
+// running after traffic switched.
+const deletionDelay = 10
 
 var rayServiceGVR = kuberay.RayClusterGVR.GroupVersion().WithResource("rayservices")
 
@@ -138,7 +163,8 @@ func rayService() *unstructured.Unstructured {
 		"apiVersion": "ray.io/v1", "kind": "RayService",
 		"metadata": map[string]any{"name": svcName, "namespace": ns},
 		"spec": map[string]any{
-			"rayClusterDeletionDelaySeconds": int64(30),
+			"rayClusterDeletionDelaySeconds": int64(deletionDelay),
+			"serveConfigV2":                  "applications:\n  - name: fruit\n    route_prefix: /fruit\n    import_path: fruit.deployment_graph\n",
 			"rayClusterConfig": map[string]any{
 				"rayVersion":              "2.52.0",
 				"authOptions":             map[string]any{"mode": "token"},
@@ -154,10 +180,11 @@ func rayService() *unstructured.Unstructured {
 }
 
 func devCluster(ctx context.Context, dir string) *framework.ControlPlane {
-	if cp, err := framework.Attach(dir); err == nil && len(cp.Running()) == 4 {
+	if cp, err := framework.Attach(dir); err == nil && len(cp.Running()) == 5 && cp.Ray != nil {
 		fmt.Println("   reusing the dev cluster already running in .dev/")
 		c, err := framework.Connect(filepath.Join(dir, "kubeconfig"))
 		check(err)
+		c.Ray = cp.Ray
 		return c
 	}
 	check(os.RemoveAll(dir))

@@ -1,6 +1,6 @@
 // Command devcluster starts or stops the local control plane used by `make dev-cluster`, `make demo`
-// and `E2E_KUBECONFIG=.dev/kubeconfig make e2e`: etcd, kube-apiserver, kube-controller-manager and the
-// stock KubeRay operator on loopback, left running in the background.
+// and `E2E_KUBECONFIG=.dev/kubeconfig make e2e`: etcd, kube-apiserver, kube-controller-manager, the
+// kubelet and Ray stand-in and the stock KubeRay operator on loopback, left running in the background.
 //
 //	go run ./e2e/cmd/devcluster up [-kuberay v1.6.1] [-dir .dev]
 //	go run ./e2e/cmd/devcluster down [-dir .dev]
@@ -76,11 +76,14 @@ func main() {
 	}
 	rel, _ := filepath.Rel(must(os.Getwd()), kubeconfig)
 	fmt.Printf(`
-Dev cluster is up: real kube-apiserver %s, KubeRay operator %s (no kubelet: Pods stay Pending).
+Dev cluster is up: real kube-apiserver %s, KubeRay operator %s, and a kubelet and Ray stand-in:
+Ray pods start (bound to Node "standin", pod IPs 198.19.x.y that are data only) with emulated Ray inside.
   export KUBECONFIG=%s
   kubectl get crd rayclusters.ray.io
+  curl -s %s/                 # the stand-in's JSON endpoint: requests per caller, 401/403, join failures, token fingerprints
+  curl -s -x %s http://<cluster>-head-svc.<namespace>.svc.cluster.local:8265/api/jobs/ -H "Authorization: Bearer $TOKEN"
 Logs: %s/*.log    Stop it: make dev-cluster-down
-`, framework.KubernetesVersion, *version, rel, abs)
+`, framework.KubernetesVersion, *version, rel, cp.Ray.APIURL, cp.Ray.ClientProxyURL, abs)
 }
 
 func envOr(k, def string) string {
