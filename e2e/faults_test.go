@@ -21,7 +21,7 @@ func TestAPIServerRestart(t *testing.T) {
 		if env.External {
 			t.Skip("restarts the local API server")
 		}
-		ns, token := env.NamespaceWithToken()
+		ns, token := env.NamespaceWithTokenNotStarted() // clusters take each new token at once
 		s := env.StartSyncerUnderChart("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		env.CreateRayCluster(rayCluster(ns, "survivor"))
 		env.WaitSecret(ns, "survivor", 30*time.Second, holds(token))
@@ -72,7 +72,7 @@ func TestAPIServerRestart(t *testing.T) {
 // takes over within the default lease timing (15 s lease) and finishes the work.
 func TestLeaderFailover(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns, token := env.NamespaceWithToken()
+		ns, token := env.NamespaceWithTokenNotStarted() // clusters take each new token at once
 		args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns, "--leader-elect=true", "--leader-election-namespace=" + ns}
 		a := env.StartSyncerUnderChart(args...)
 		b := env.StartSyncerAs(env.lastKubeconfig, append(args, "--leader-election-namespace="+env.lastRelease)...)
@@ -133,11 +133,12 @@ func TestLeaderFailover(t *testing.T) {
 	})
 }
 
-// TestKillMidRotation: kill -9 raysync while it rotates 200 clusters, start it again: every target
-// converges to the new token, and no target ever holds anything but the old or the new token.
+// TestKillMidRotation: kill -9 raysync while it rotates 200 clusters that have not started (they take
+// each new token at once), start it again: every target converges to the new token, and no target
+// ever holds anything but the old or the new token. (Running clusters: rotation_test.go.)
 func TestKillMidRotation(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ns := env.Namespace()
+		ns := env.NamespaceWithoutKubelet()
 		oldToken, newToken := env.NewToken(), env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(oldToken))
 		args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}

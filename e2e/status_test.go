@@ -47,7 +47,7 @@ func TestStatusCommand(t *testing.T) {
 		flags := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}
 
 		out, code := env.status(flags...)
-		if code != 0 || !strings.Contains(out, "good") || !regexpLine(out, ns, "good", "-", "generated", "in-sync", "0", "-", "-") {
+		if code != 0 || !strings.Contains(out, "good") || !regexpLine(out, ns, "good", "-", "generated", "in-sync", "current", "0", "-", "-") {
 			t.Fatalf("all in sync: exit %d\n%s", code, out)
 		}
 

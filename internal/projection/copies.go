@@ -144,7 +144,8 @@ func planPrune(clusters []*unstructured.Unstructured, copies []*corev1.Secret, c
 	}
 	var actions []Action
 	for _, s := range copies {
-		if s.Labels[names.ManagedByLabel] == names.ManagedByValue && !referenced[s.Name] {
+		_, isCopy := names.ParseKind(s.Annotations[names.KindAnnotation]) // not the rotation ledger
+		if s.Labels[names.ManagedByLabel] == names.ManagedByValue && isCopy && !referenced[s.Name] {
 			actions = append(actions, DeleteSecret{Secret: s})
 		}
 	}

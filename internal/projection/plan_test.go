@@ -219,6 +219,7 @@ func TestPlanPrune(t *testing.T) {
 			setPath([]any{map[string]any{"name": "old-regcred"}}, "spec", "workerGroupSpecs"))}, copies: []*corev1.Secret{copyNamed("old-regcred")}, want: []string{"old-regcred"}},
 		"a malformed cluster: keep everything": {clusters: []*unstructured.Unstructured{rayCluster("c", withAuth("x"))}, copies: []*corev1.Secret{copyNamed("a")}},
 		"not labelled managed: never":          {copies: []*corev1.Secret{secret(ns, "a", nil)}},
+		"the rotation ledger: never":           {copies: []*corev1.Secret{desiredLedger(types.NamespacedName{Namespace: ns, Name: "raysync-rotations"}, nil, nil)}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
