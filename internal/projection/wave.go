@@ -249,9 +249,10 @@ func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
 	state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
 	switch {
 	case suspend && len(m.in.Pods) == 0 && holds:
-		// Every pod is gone and the Secret holds the new token: start the cluster again.
+		// Every pod is gone and the Secret holds the new token: start the cluster again. KubeRay
+		// resumes a suspended cluster only on an explicit suspend: false.
 		return false, []Action{PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
-			Patch: mergePatch(rc, nil, map[string]any{"suspend": nil})}}
+			Patch: mergePatch(rc, nil, map[string]any{"suspend": false})}}
 	case !suspend && holds && restartedSince(m.in.Pods, started) && headReady(m.in.Pods) && (state == "" || state == "ready"):
 		took := now.Sub(started)
 		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(), Completes: took,
