@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -44,7 +46,11 @@ type job struct {
 	id          string
 	submittedAt time.Time
 	stoppedAt   time.Time
+	runFor      time.Duration // the store's, unless the entrypoint says "sleep N"
 }
+
+// sleepEntrypoint is an entrypoint that asks the emulated job to run for N seconds.
+var sleepEntrypoint = regexp.MustCompile(`\bsleep (\d+)\b`)
 
 // jobStore is a head's job manager. A job waits pendingFor, runs for runFor, then succeeds.
 type jobStore struct {
@@ -72,12 +78,17 @@ func (s *jobStore) submit(req jobRequest, now time.Time) (string, error) {
 	if _, ok := s.jobs[id]; ok {
 		return id, fmt.Errorf("job with submission_id %s %w; please use a different submission_id", id, errDuplicateSubmission)
 	}
-	s.jobs[id] = &job{req: req, id: id, submittedAt: now}
+	j := &job{req: req, id: id, submittedAt: now, runFor: s.runFor}
+	if m := sleepEntrypoint.FindStringSubmatch(req.Entrypoint); m != nil {
+		secs, _ := strconv.Atoi(m[1])
+		j.runFor = time.Duration(secs) * time.Second
+	}
+	s.jobs[id] = j
 	return id, nil
 }
 
 func (s *jobStore) status(j *job, now time.Time) (status string, end time.Time) {
-	natural := j.submittedAt.Add(s.pendingFor + s.runFor)
+	natural := j.submittedAt.Add(s.pendingFor + j.runFor)
 	switch {
 	case !j.stoppedAt.IsZero() && j.stoppedAt.Before(natural):
 		return jobStopped, j.stoppedAt

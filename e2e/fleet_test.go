@@ -1,0 +1,299 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+// The fleet rotation of issue 13: 20 RayServices (replace), 10 standalone RayClusters (hold), 2
+// (restart) and a running RayJob; rotate; scale a held cluster up and restart one of its workers.
+// Over the whole run no cluster refuses its operator or a worker, never more than the bound rotate
+// at once, held Secrets do not change, every RayService ends serving on the new token, the RayJob
+// finishes on its token and the next one starts on the new one, and `syncer rotate` restarts a held
+// cluster exactly once. Variants: raysync killed mid-wave; a second rotation mid-wave.
+
+const (
+	fleetServices = 20
+	fleetHeld     = 10
+	fleetRestart  = 2
+	fleetBound    = 5
+)
+
+type fleet struct {
+	env         *Env
+	ns          string
+	t1          string
+	heldSecret  map[string]string // held cluster → Secret resourceVersion before the rotation
+	maxInFlight func() int
+}
+
+func TestFleetRotation(t *testing.T) {
+	for _, variant := range []string{"plain", "raysync killed mid-wave", "second rotation mid-wave"} {
+		t.Run(variant, func(t *testing.T) {
+			eachKubeRay(t, func(t *testing.T, env *Env) {
+				if testing.Short() {
+					t.Skip("long")
+				}
+				runFleet(t, env, variant)
+			})
+		})
+	}
+}
+
+func runFleet(t *testing.T, env *Env, variant string) {
+	env.StandIn()
+	ns, t1 := env.NamespaceWithToken()
+	args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns, fmt.Sprintf("--max-concurrent-rotations=%d", fleetBound), "--rotation-timeout=5m"}
+	s := env.StartSyncer(args...)
+	f := &fleet{env: env, ns: ns, t1: t1, heldSecret: map[string]string{}}
+	oneWorker := func(spec map[string]any) {
+		spec["workerGroupSpecs"].([]any)[0].(map[string]any)["replicas"] = int64(1)
+	}
+	for i := range fleetServices {
+		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, fmt.Sprintf("svc-%02d", i), "v1"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range fleetHeld {
+		env.CreateRayCluster(rayCluster(ns, fmt.Sprintf("held-%02d", i), oneWorker))
+	}
+	for i := range fleetRestart {
+		env.CreateRayCluster(rayCluster(ns, fmt.Sprintf("restart-%d", i), oneWorker, withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})))
+	}
+	job := rayJob(ns, "job-before", "HTTPMode")
+	// The stand-in runs a job whose entrypoint says "sleep N" for N seconds: long enough to span the wave.
+	_ = unstructured.SetNestedField(job.Object, "sleep 90", "spec", "entrypoint")
+	if _, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(env.ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range fleetServices {
+		env.WaitRayServiceReady(ns, fmt.Sprintf("svc-%02d", i), 3*time.Minute, nil)
+	}
+	for i := range fleetHeld {
+		name := fmt.Sprintf("held-%02d", i)
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"="+name, 2, 2*time.Minute)
+		f.heldSecret[name] = env.WaitSecret(ns, name, 10*time.Second, holds(t1)).ResourceVersion
+	}
+	jobCluster := f.waitJobRunning("job-before")
+	f.maxInFlight = f.watchInFlight()
+	env.waitForNextSecond(f.allPods())
+
+	t2 := env.NewToken()
+	start := time.Now()
+	env.PutSource(ns, "ray-token", tokenData(t2))
+	final := t2
+	switch variant {
+	case "raysync killed mid-wave":
+		f.waitRotationsStarted(s, fleetBound)
+		s.Kill()
+		time.Sleep(2 * time.Second)
+		s = env.StartSyncer(args...)
+	case "second rotation mid-wave":
+		f.waitRotationsStarted(s, fleetBound)
+		final = env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(final))
+	}
+
+	// A held cluster scales up and restarts a worker mid-wave: both join on the held token.
+	held0 := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=held-00", 2, time.Minute)
+	for _, p := range held0 {
+		if p.Labels[kuberay.NodeTypeLabel] == "worker" {
+			_ = env.Kube.CoreV1().Pods(ns).Delete(env.ctx, p.Name, metav1.DeleteOptions{})
+		}
+	}
+	if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "held-00", types.JSONPatchType,
+		[]byte(`[{"op":"replace","path":"/spec/workerGroupSpecs/0/replicas","value":2}]`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	env.waitFreshPods(ns, "held-00", 3, podUIDs(held0))
+
+	// Every RayService ends serving from a cluster started on the final token.
+	for i := range fleetServices {
+		svc := fmt.Sprintf("svc-%02d", i)
+		f.waitServingOn(svc, final, 6*time.Minute)
+	}
+	took := time.Since(start)
+	s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayService", "state": "current"}, fleetServices, 2*time.Minute)
+	for i := range fleetRestart {
+		env.WaitSecret(ns, fmt.Sprintf("restart-%d", i), 2*time.Minute, holds(final))
+	}
+
+	// The RayJob finished on its own token, its cluster untouched; the next one gets the new token.
+	f.waitJobDone("job-before")
+	env.AssertStartedWith(ns, t1, jobCluster)
+	next := rayJob(ns, "job-after", "HTTPMode")
+	if _, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(env.ctx, next, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nextCluster := f.waitJobDone("job-after")
+	env.AssertStartedWith(ns, final, nextCluster)
+
+	// Held clusters kept their Secret; `syncer rotate` moves one, exactly once.
+	for name, rv := range f.heldSecret {
+		if cur := env.WaitSecret(ns, name, time.Second, nil); cur.ResourceVersion != rv {
+			t.Errorf("held cluster %s: its Secret changed during the wave", name)
+		}
+	}
+	restartsBefore, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "restart"})
+	if out, code := env.rotate(ns + "/held-01"); code != 0 {
+		t.Fatalf("syncer rotate: exit %d\n%s", code, out)
+	}
+	env.WaitEvent(ns, "held-01", "RotationCompleted", 2*time.Minute)
+	env.WaitSecret(ns, "held-01", 10*time.Second, holds(final))
+	time.Sleep(3 * time.Second)
+	if v, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "restart"}); v != restartsBefore+1 {
+		t.Errorf("syncer rotate: %v restarts performed, want exactly one", v-restartsBefore)
+	}
+
+	if m := f.maxInFlight(); m > fleetBound || m == 0 {
+		t.Errorf("at most %d rotations in flight at a time, want 1..%d", m, fleetBound)
+	}
+	env.assertNoRefusals(ns)
+	t.Logf("MEASURE fleet-rotation kuberay=%s variant=%q services=%d bound=%d wave_s=%.1f max_in_flight=%d",
+		env.KubeRayVersion, variant, fleetServices, fleetBound, took.Seconds(), f.maxInFlight())
+}
+
+// watchInFlight polls the rotation marks on RayServices and RayClusters until the test ends, and
+// reports the most seen at once.
+func (f *fleet) watchInFlight() func() int {
+	var mu sync.Mutex
+	peak := 0
+	ctx, cancel := context.WithCancel(f.env.ctx)
+	f.env.t.Cleanup(cancel)
+	go func() {
+		for ctx.Err() == nil {
+			n := 0
+			for _, gvr := range []schema.GroupVersionResource{rayServiceGVR, rayClusterGVR} {
+				l, err := f.env.Dynamic.Resource(gvr).Namespace(f.ns).List(ctx, metav1.ListOptions{})
+				if err != nil {
+					continue
+				}
+				for _, o := range l.Items {
+					if o.GetAnnotations()["raysync.dev/rotation-started"] != "" && (o.GetKind() == "RayService" || o.GetLabels()[kuberay.OriginatedFromCRDLabel] != "RayService") {
+						n++
+					}
+				}
+			}
+			mu.Lock()
+			peak = max(peak, n)
+			mu.Unlock()
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return func() int { mu.Lock(); defer mu.Unlock(); return peak }
+}
+
+func (f *fleet) allPods() []corev1.Pod {
+	l, err := f.env.Kube.CoreV1().Pods(f.ns).List(f.env.ctx, metav1.ListOptions{})
+	if err != nil {
+		f.env.t.Fatal(err)
+	}
+	return l.Items
+}
+
+// waitRotationsStarted waits until raysync has started n replacements or restarts.
+func (f *fleet) waitRotationsStarted(s *Syncer, n int) {
+	f.env.t.Helper()
+	err := wait.PollUntilContextTimeout(f.env.ctx, 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		a, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "replace"})
+		b, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "restart"})
+		return int(a+b) >= n, nil
+	})
+	if err != nil {
+		f.env.t.Fatalf("raysync never started %d rotations", n)
+	}
+}
+
+// waitServingOn waits until the RayService serves from a cluster every container of which started
+// on token.
+func (f *fleet) waitServingOn(svc, token string, timeout time.Duration) {
+	f.env.t.Helper()
+	want := f.env.StandIn().Fingerprint(token)
+	err := wait.PollUntilContextTimeout(f.env.ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		rs, err := f.env.Dynamic.Resource(rayServiceGVR).Namespace(f.ns).Get(ctx, svc, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		active, _, _ := unstructured.NestedString(rs.Object, "status", "activeServiceStatus", "rayClusterName")
+		pending, _, _ := unstructured.NestedString(rs.Object, "status", "pendingServiceStatus", "rayClusterName")
+		if active == "" || pending != "" || !conditionTrue(rs, "Ready") {
+			return false, nil
+		}
+		starts, err := f.env.StandIn().Starts(ctx, f.ns)
+		if err != nil {
+			return false, nil
+		}
+		n := 0
+		for _, s := range starts {
+			if s.Cluster == active && s.TokenFingerprint != "" {
+				if s.TokenFingerprint != want {
+					return false, nil
+				}
+				n++
+			}
+		}
+		return n > 0, nil
+	})
+	if err != nil {
+		f.env.t.Fatalf("RayService %s never served from a cluster started on the new token", svc)
+	}
+}
+
+func (f *fleet) rayJob(name string) *unstructured.Unstructured {
+	j, err := f.env.Dynamic.Resource(rayJobGVR).Namespace(f.ns).Get(f.env.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	return j
+}
+
+// waitJobRunning waits until the RayJob's job runs and returns its cluster's name.
+func (f *fleet) waitJobRunning(name string) string {
+	f.env.t.Helper()
+	var cluster string
+	err := wait.PollUntilContextTimeout(f.env.ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		j := f.rayJob(name)
+		if j == nil {
+			return false, nil
+		}
+		status, _, _ := unstructured.NestedString(j.Object, "status", "jobStatus")
+		cluster, _, _ = unstructured.NestedString(j.Object, "status", "rayClusterName")
+		return status == "RUNNING" && cluster != "", nil
+	})
+	if err != nil {
+		f.env.t.Fatalf("RayJob %s never ran", name)
+	}
+	return cluster
+}
+
+// waitJobDone waits until the RayJob succeeded and returns its cluster's name.
+func (f *fleet) waitJobDone(name string) string {
+	f.env.t.Helper()
+	var cluster, status string
+	err := wait.PollUntilContextTimeout(f.env.ctx, 200*time.Millisecond, 4*time.Minute, true, func(context.Context) (bool, error) {
+		j := f.rayJob(name)
+		if j == nil {
+			return false, nil
+		}
+		status, _, _ = unstructured.NestedString(j.Object, "status", "jobStatus")
+		cluster, _, _ = unstructured.NestedString(j.Object, "status", "rayClusterName")
+		deploy, _, _ := unstructured.NestedString(j.Object, "status", "jobDeploymentStatus")
+		return deploy == "Complete" || deploy == "Failed", nil
+	})
+	if err != nil || status != "SUCCEEDED" {
+		f.env.t.Fatalf("RayJob %s: status %q (%v)", name, status, err)
+	}
+	return cluster
+}
