@@ -247,8 +247,37 @@ func (f *fleet) waitServingOn(svc, token string, timeout time.Duration) {
 		return n > 0, nil
 	})
 	if err != nil {
-		f.env.t.Fatalf("RayService %s never served from a cluster started on the new token", svc)
+		f.env.t.Fatalf("RayService %s never served from a cluster started on the new token: %s", svc, f.describeService(svc, want))
 	}
+}
+
+// describeService says where a RayService and its clusters stand (for failure messages).
+func (f *fleet) describeService(svc, want string) string {
+	rs, err := f.env.Dynamic.Resource(rayServiceGVR).Namespace(f.ns).Get(f.env.ctx, svc, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	active, _, _ := unstructured.NestedString(rs.Object, "status", "activeServiceStatus", "rayClusterName")
+	pending, _, _ := unstructured.NestedString(rs.Object, "status", "pendingServiceStatus", "rayClusterName")
+	out := fmt.Sprintf("active %q pending %q ready %v annotations %v;", active, pending, conditionTrue(rs, "Ready"), rs.GetAnnotations())
+	l, _ := f.env.Dynamic.Resource(rayClusterGVR).Namespace(f.ns).List(f.env.ctx, metav1.ListOptions{LabelSelector: kuberay.OriginatedFromNameLabel + "=" + svc})
+	starts, _ := f.env.StandIn().Starts(f.env.ctx, f.ns)
+	for _, rc := range l.Items {
+		on, other := 0, 0
+		for _, s := range starts {
+			if s.Cluster == rc.GetName() && s.TokenFingerprint != "" {
+				if s.TokenFingerprint == want {
+					on++
+				} else {
+					other++
+				}
+			}
+		}
+		state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
+		out += fmt.Sprintf(" cluster %s (created %s, state %q, deleting %v): %d starts on the new token, %d on another;",
+			rc.GetName(), rc.GetCreationTimestamp().Format(time.RFC3339), state, rc.GetDeletionTimestamp() != nil, on, other)
+	}
+	return out
 }
 
 func (f *fleet) rayJob(name string) *unstructured.Unstructured {

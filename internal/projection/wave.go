@@ -216,8 +216,11 @@ func startActions(u *unit, cur rotation, now time.Time) []Action {
 	var acts []Action
 	var msg string
 	if u.action == names.PolicyReplace {
+		// Each replacement writes a new value: a cluster replaced for a rotation that did not start on
+		// it (raysync was down when it started) is replaced again, and only a change starts KubeRay's.
+		id := fmt.Sprintf("%s-%d", cur.Name(), now.Unix())
 		acts = append(acts, PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyReplace,
-			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, cur.Name())})
+			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, id)})
 		msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; traffic switches when it is ready", memberNames(u), cur.Name())
 	} else {
 		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyRestart,
@@ -282,7 +285,7 @@ func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
 	}
 	took := now.Sub(started)
 	acts := []Action{PatchRotation{Kind: "RayService", Namespace: rs.GetNamespace(), Name: rs.GetName(), Completes: took,
-		Patch: rayServiceApply(rs, nil, metaString(rs, "annotations", names.RotationTargetAnnotation))}}
+		Patch: rayServiceApply(rs, nil, rotationID(rs))}}
 	return true, append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
 		fmt.Sprintf("serving from RayCluster %s on the current canonical token; the replacement took %s", active, took.Round(time.Second)))...)
 }
@@ -294,7 +297,7 @@ func blockActions(u *unit, now time.Time, age time.Duration) []Action {
 		patch = PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
 			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: metaString(u.obj, "annotations", names.RotationStartedAnnotation),
 				names.RotationTargetAnnotation: metaString(u.obj, "annotations", names.RotationTargetAnnotation), names.RotationBlockedAnnotation: stamp},
-				metaString(u.obj, "annotations", names.RotationTargetAnnotation))}
+				rotationID(u.obj))}
 	} else {
 		patch = PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
 			Patch: mergePatch(u.obj, map[string]any{names.RotationBlockedAnnotation: stamp}, nil)}
@@ -345,6 +348,13 @@ func headReady(pods []*corev1.Pod) bool {
 			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
 		})
 	})
+}
+
+// rotationID reads the rotation value raysync last wrote into a RayService's head pod template: raysync
+// keeps owning it with the same value (a different one would start another upgrade).
+func rotationID(rs *unstructured.Unstructured) string {
+	v, _, _ := unstructured.NestedString(rs.Object, "spec", "rayClusterConfig", "headGroupSpec", "template", "metadata", "annotations", names.RotationIDAnnotation)
+	return v
 }
 
 // rayServiceApply is the server-side apply configuration raysync owns on a RayService: its metadata

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -202,7 +203,16 @@ func TestRotationPatches(t *testing.T) {
 	checkPlan(t, ClusterPlan{Actions: replace.Actions[:1]}, []Action{PatchRotation{Kind: "RayService", Namespace: ns, Name: "svc", Starts: "replace",
 		Patch: []byte(`{"apiVersion":"ray.io/v1","kind":"RayService","metadata":{"name":"svc","namespace":"ray",
 			"annotations":{"raysync.dev/rotation-started":"` + stamp + `","raysync.dev/rotation-target":"7"}},
-			"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"annotations":{"raysync.dev/rotation-id":"7"}}}}}}}`)}})
+			"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"annotations":{"raysync.dev/rotation-id":"7-` + fmt.Sprint(planNow.Unix()) + `"}}}}}}}`)}})
+	// Completing keeps the template's value exactly (another value would start another upgrade).
+	rs := rayService("svc", annotated(names.RotationStartedAnnotation, planNow.Add(-time.Minute).Format(time.RFC3339)), annotated(names.RotationTargetAnnotation, "7"),
+		setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"),
+		setPath(map[string]any{names.RotationIDAnnotation: "7-123"}, "spec", "rayClusterConfig", "headGroupSpec", "template", "metadata", "annotations"))
+	b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) { u.SetCreationTimestamp(metav1.NewTime(planNow)) })
+	done := planWave([]clusterView{view(t, cfg, b, true, owner(rs))}, cfg, planNow, nil)
+	checkPlan(t, ClusterPlan{Actions: done.Actions[:1]}, []Action{PatchRotation{Kind: "RayService", Namespace: ns, Name: "svc", Completes: time.Minute,
+		Patch: []byte(`{"apiVersion":"ray.io/v1","kind":"RayService","metadata":{"name":"svc","namespace":"ray"},
+			"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"annotations":{"raysync.dev/rotation-id":"7-123"}}}}}}}`)}})
 	for _, a := range append(restart.Actions, replace.Actions...) {
 		if p, ok := a.(PatchRotation); ok && strings.Contains(string(p.Patch), token) {
 			t.Fatal("a rotation patch carries the token")
