@@ -215,6 +215,15 @@ func (k *Kubelet) assignIP(p *podRuntime) string {
 	return ip
 }
 
+// claimIP gives p the IP it already has (a pod adopted after a restart of the stand-in).
+func (k *Kubelet) claimIP(p *podRuntime, ip string) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ips.claim(ip)
+	k.byIP[ip] = p
+	return ip
+}
+
 func (k *Kubelet) podByIP(ip string) *podRuntime {
 	k.mu.Lock()
 	defer k.mu.Unlock()
