@@ -51,22 +51,26 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 	if out, err := helm(t, append([]string{"lint", "--strict", chart}, base...)...); err != nil {
 		t.Fatalf("helm lint: %v\n%s", err, out)
 	}
-	for _, scope := range []string{"cluster", "namespaces"} {
-		args := []string{"template", "rs", chart, "--namespace", "raysync", "--set", "authSource.namespace=raysync,authSource.name=ray-token,namespaces={ml,batch},rbac.scope=" + scope,
+	// Listed namespaces get namespaced Roles unless cluster scope is asked for; allNamespaces a ClusterRole.
+	for _, c := range []struct{ scope, set string }{
+		{"namespaces", "namespaces={ml,batch}"}, {"namespaces", "namespaces={ml,batch},rbac.scope=namespaces"},
+		{"cluster", "namespaces={ml,batch},rbac.scope=cluster"}, {"cluster", "allNamespaces=true"},
+	} {
+		args := []string{"template", "rs", chart, "--namespace", "raysync", "--set", "authSource.namespace=raysync,authSource.name=ray-token," + c.set,
 			"--set", "pullSecrets={platform/regcred},autoscalerTLS.secret=platform/client-tls,serviceMonitor.enabled=true,prometheusRule.enabled=true"}
 		out, err := helm(t, args...)
 		if err != nil {
-			t.Fatalf("helm template (%s): %v\n%s", scope, err, out)
+			t.Fatalf("helm template (%s): %v\n%s", c.set, err, out)
 		}
 		kinds := map[string]int{}
 		for _, doc := range renderedObjects(t, out) {
 			kinds[doc.GetKind()]++
 		}
-		if scope == "namespaces" && (kinds["ClusterRole"] != 0 || kinds["Role"] != 5) {
-			t.Errorf("namespaces scope: %v (want no ClusterRole; a Role per namespace, per source namespace, and for leader election)", kinds)
+		if c.scope == "namespaces" && (kinds["ClusterRole"] != 0 || kinds["Role"] != 5) {
+			t.Errorf("%s: %v (want no ClusterRole; a Role per namespace, per source namespace, and for leader election)", c.set, kinds)
 		}
-		if scope == "cluster" && kinds["ClusterRole"] != 1 {
-			t.Errorf("cluster scope: %v", kinds)
+		if c.scope == "cluster" && kinds["ClusterRole"] != 1 {
+			t.Errorf("%s: %v (want one ClusterRole)", c.set, kinds)
 		}
 	}
 	for name, set := range map[string]string{
@@ -101,10 +105,11 @@ func renderedObjects(t *testing.T, out string) []*unstructured.Unstructured {
 }
 
 // TestChartRBACIsSufficientAndMinimal renders the chart, applies it, and runs raysync as the chart's
-// ServiceAccount (never as admin) in both RBAC modes.
+// ServiceAccount (never as admin) in both RBAC modes: the default for listed namespaces (namespaced)
+// and cluster scope asked for explicitly.
 func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		for _, scope := range []string{"cluster", "namespaces"} {
+		for _, scope := range []string{"default", "cluster"} {
 			t.Run(scope, func(t *testing.T) {
 				env := env.With(t)
 				rel, ns, srcNS, otherNS := env.Namespace(), env.Namespace(), env.Namespace(), env.Namespace()
@@ -118,7 +123,7 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 					t.Fatal(err)
 				}
 				out, err := helm(t, "template", release, chart, "--namespace", rel, "--set", strings.Join([]string{
-					"authSource.namespace=" + srcNS, "authSource.name=ray-token", "namespaces={" + ns + "}", "rbac.scope=" + scope,
+					"authSource.namespace=" + srcNS, "authSource.name=ray-token", "namespaces={" + ns + "}", "rbac.scope=" + strings.TrimPrefix(scope, "default"),
 					"pullSecrets={" + srcNS + "/regcred}", "serviceMonitor.enabled=true", "prometheusRule.enabled=true"}, ","))
 				if err != nil {
 					t.Fatalf("helm template: %v\n%s", err, out)
@@ -172,7 +177,7 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 						t.Errorf("%s %s %s/%s: allowed=%v, want %v", c.verb, c.resource, c.ns, c.name, got, c.want)
 					}
 				}
-				if scope == "namespaces" {
+				if scope == "default" { // listed namespaces: namespaced Roles
 					for _, c := range []struct{ verb, ns, name string }{
 						{"get", srcNS, "not-a-source"}, {"list", otherNS, ""}, {"create", otherNS, ""}, {"update", srcNS, "ray-token"}, {"list", "", ""},
 					} {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -65,13 +66,51 @@ func TestKustomizeOverlayApplies(t *testing.T) {
 		if !strings.Contains(rendered, "--pull-secret=platform-secrets/regcred") || !strings.Contains(rendered, "--namespaces=ml-team,ml-batch") {
 			t.Fatalf("overlay not applied:\n%.500s", rendered)
 		}
+		// The namespaces the overlay names exist in the cluster it is written for.
+		namespaces := []string{"raysync", "ml-team", "ml-batch", "platform-secrets"}
+		for _, ns := range namespaces[1:] {
+			if _, err := env.Kube.CoreV1().Namespaces().Create(env.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		env.kubectlApply(rendered)
 		t.Cleanup(func() {
 			env.kubectlDeleteClusterScoped(rendered)
-			_ = exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "delete", "namespace", "raysync", "--wait=false").Run()
+			for _, ns := range namespaces {
+				_ = exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "delete", "namespace", ns, "--wait=false").Run()
+			}
 		})
 		if _, err := env.Kube.AppsV1().Deployments("raysync").Get(env.ctx, "raysync", metav1.GetOptions{}); err != nil {
 			t.Fatalf("Deployment not created: %v", err)
 		}
 	})
+}
+
+// TestKustomizeOverlayRBACMatchesChart: the example overlay lists namespaces, so like the chart it
+// grants namespaced Roles and no ClusterRole.
+func TestKustomizeOverlayRBACMatchesChart(t *testing.T) {
+	out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/rbac.yaml", "--set",
+		"authSource.namespace=platform-secrets,authSource.name=ray-auth,authSource.key=token,namespaces={ml-team,ml-batch},pullSecrets={platform-secrets/regcred}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := byKey(renderedObjects(t, out))
+	var rbac []*unstructured.Unstructured
+	for _, o := range renderedObjects(t, kustomize(t, "deploy/kustomize/overlays/example")) {
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding":
+			t.Errorf("the overlay grants %s %s: listed namespaces need no cluster-wide rights", o.GetKind(), o.GetName())
+		case "Role", "RoleBinding":
+			rbac = append(rbac, o)
+		}
+	}
+	got := byKey(rbac)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s differs between the overlay and the chart (regenerate deploy/kustomize/overlays/example/rbac.yaml)", k)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("overlay has %d RBAC objects, chart %d", len(got), len(want))
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/projection"
 )
 
@@ -217,10 +218,36 @@ func firstLine(s string) string {
 	return s
 }
 
-// usage prints the flags for --help.
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: syncer --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]")
+// usage prints the commands and flags for --help.
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: syncer --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
+       syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
+
+syncer keeps every in-scope RayCluster's auth token equal to the canonical Secret (and pull secrets and
+the autoscaler's client certificate on Ray pods). "syncer status" reports, read-only, whether every
+cluster is in sync (exit 0 in sync, 1 not, 2 error); "syncer status --help" lists its options.
+
+flags:
+`)
 	fs := flagSet(&config{}, &rawFlags{}, os.Getenv)
-	fs.SetOutput(os.Stderr)
+	fs.SetOutput(w)
 	fs.PrintDefaults()
+}
+
+// projection is the controller's configuration.
+func (c *config) projection() projection.Config {
+	pc := projection.Config{Source: c.authSource, SourceKey: c.authSourceKey, Prune: c.prune,
+		Pods: projection.PodOptions{
+			PullSecrets: c.pullSecrets, AutoscalerTLS: c.autoscalerTLS, APIServer: c.apiServer,
+			MountPath: c.tlsMountPath, RecyclePending: c.recyclePending, AllowRecreate: c.allowRecreate,
+		}}
+	if c.clusterSelector != "" {
+		pc.ClusterSelector, _ = labels.Parse(c.clusterSelector) // validated by parseFlags
+	}
+	return pc
+}
+
+// informer is what raysync watches: the namespaces, and every source by name.
+func (c *config) informer() informer.Config {
+	return informer.Config{Namespaces: c.namespaces, Sources: c.projection().Sources()}
 }

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -39,12 +38,12 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "status" {
+	if len(os.Args) > 1 && os.Args[1] == statusCommand {
 		os.Exit(runStatus(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
-		usage()
+		usage(os.Stderr)
 		return
 	}
 	if err != nil {
@@ -125,28 +124,14 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		return err
 	}
 
-	sources := append([]types.NamespacedName{cfg.authSource}, cfg.pullSecrets...)
-	if cfg.autoscalerTLS != nil {
-		sources = append(sources, *cfg.autoscalerTLS)
-	}
-	caches := informer.New(kube, dyn, informer.Config{
-		Namespaces:      cfg.namespaces,
-		ClusterSelector: cfg.clusterSelector,
-		Sources:         sources,
-	})
+	pcfg := cfg.projection()
+	caches := informer.New(kube, dyn, cfg.informer())
 	recorder, stopEvents := eventRecorder(kube, cfg.dryRun, log)
 	defer stopEvents()
 
 	var ctrl *projection.Controller
 	m := metrics.New(func() metrics.Snapshot { return ctrl.Snapshot() })
-	ctrl, err = projection.New(kube, dyn, caches, recorder, m, log, projection.Options{
-		Source: cfg.authSource, SourceKey: cfg.authSourceKey, DryRun: cfg.dryRun, Prune: cfg.prune,
-		Pods: projection.PodOptions{
-			PullSecrets: cfg.pullSecrets, AutoscalerTLS: cfg.autoscalerTLS, APIServer: cfg.apiServer,
-			MountPath: cfg.tlsMountPath, RecyclePending: cfg.recyclePending, AllowRecreate: cfg.allowRecreate,
-		},
-	})
-	if err != nil {
+	if ctrl, err = projection.New(kube, dyn, caches, recorder, m, log, pcfg, cfg.dryRun); err != nil {
 		return err
 	}
 
@@ -181,8 +166,8 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		return err
 	}
 
-	log.Info("starting raysync", zap.String("source", cfg.authSource.String()), zap.String("scope", informer.Config{
-		Namespaces: cfg.namespaces, ClusterSelector: cfg.clusterSelector}.String()),
+	log.Info("starting raysync", zap.String("source", cfg.authSource.String()), zap.String("scope", cfg.informer().String()),
+		zap.String("clusterSelector", cfg.clusterSelector),
 		zap.Bool("leaderElect", cfg.leaderElect), zap.Bool("dryRun", cfg.dryRun), zap.Int("workers", cfg.workers))
 	caches.Start(ctx.Done())
 	// Every replica syncs its caches, so standbys are ready and take over with warm caches.

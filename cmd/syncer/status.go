@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,18 +13,16 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/raysync/raysync/internal/informer"
-	"github.com/raysync/raysync/internal/metrics"
 	"github.com/raysync/raysync/internal/projection"
 )
+
+const statusCommand = "status"
 
 // Exit codes of `syncer status`, usable from cron and CI.
 const (
@@ -51,7 +50,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	output, rest, err := outputFlag(args)
 	if err == nil {
 		var cfg *config
-		if cfg, err = parseFlags(append(rest, "--leader-elect=false"), os.Getenv); err == nil {
+		if cfg, err = parseFlags(append(rest, "--leader-elect=false"), os.Getenv); errors.Is(err, flag.ErrHelp) {
+			statusUsage(stdout)
+			return statusInSync
+		} else if err == nil {
 			var report *statusReport
 			if report, err = collectStatus(cfg); err == nil {
 				if output == "json" {
@@ -113,17 +115,7 @@ func collectStatus(cfg *config) (*statusReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	sources := append([]types.NamespacedName{cfg.authSource}, cfg.pullSecrets...)
-	if cfg.autoscalerTLS != nil {
-		sources = append(sources, *cfg.autoscalerTLS)
-	}
-	caches := informer.New(kube, dyn, informer.Config{Namespaces: cfg.namespaces, ClusterSelector: cfg.clusterSelector, Sources: sources})
-	ctrl, err := projection.New(kube, dyn, caches, &record.FakeRecorder{}, metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }),
-		zap.NewNop(), projection.Options{Source: cfg.authSource, SourceKey: cfg.authSourceKey, DryRun: true,
-			Pods: projection.PodOptions{PullSecrets: cfg.pullSecrets, AutoscalerTLS: cfg.autoscalerTLS, APIServer: cfg.apiServer, MountPath: cfg.tlsMountPath}})
-	if err != nil {
-		return nil, err
-	}
+	caches := informer.New(kube, dyn, cfg.informer())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	caches.Start(ctx.Done())
@@ -138,7 +130,7 @@ func collectStatus(cfg *config) (*statusReport, error) {
 		}
 		return s
 	}
-	srcStates, clusters := ctrl.Status(lookup)
+	srcStates, clusters := projection.NewReporter(caches, cfg.projection(), lookup).Status()
 	sort.Slice(clusters, func(i, j int) bool {
 		if clusters[i].Namespace != clusters[j].Namespace {
 			return clusters[i].Namespace < clusters[j].Namespace
@@ -159,6 +151,20 @@ func collectStatus(cfg *config) (*statusReport, error) {
 		report.InSync = report.InSync && c.InSync()
 	}
 	return report, nil
+}
+
+func statusUsage(w io.Writer) {
+	fmt.Fprint(w, `usage: syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
+
+Reports, read-only and with your kubeconfig, whether every in-scope RayCluster is in sync: exit 0 in sync,
+1 not, 2 error. It takes the syncer's own flags (those that say what raysync manages matter here):
+
+  -o, --output string
+    	table or json (default "table")
+`)
+	fs := flagSet(&config{}, &rawFlags{}, os.Getenv)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
 }
 
 func printStatus(w io.Writer, r *statusReport) {

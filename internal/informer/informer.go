@@ -1,7 +1,9 @@
 // Package informer decides what raysync watches and how watch events become work-queue keys.
 //
 // Memory is bounded by what raysync must read, not by the size of the cluster: RayClusters are
-// cached as unstructured objects (never round-tripped through Go types that could drop fields);
+// cached as unstructured objects (never round-tripped through Go types that could drop fields), all
+// of them in the watched namespaces, whatever --cluster-selector says (raysync may delete a managed
+// copy only when no RayCluster references it, selected or not);
 // Secrets only through label- or field-selected informers (KubeRay's auth Secrets, raysync's own
 // copies, the canonical source by name); Pods only if they are Ray nodes. managedFields are stripped.
 package informer
@@ -24,15 +26,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 )
 
-const (
-	// ManagedByLabel marks Secrets raysync created and may update or delete.
-	ManagedByLabel = "raysync.dev/managed-by"
-	ManagedByValue = "raysync"
-
-	clusterIndex = "raysync.dev/cluster" // pods by <namespace>/<ray.io/cluster>
-)
+const clusterIndex = "raysync.dev/cluster" // pods by <namespace>/<ray.io/cluster>
 
 // KeyKind says what a work-queue key asks for.
 type KeyKind uint8
@@ -67,8 +64,6 @@ func (k Key) String() string {
 type Config struct {
 	// Namespaces to watch; empty means all namespaces.
 	Namespaces []string
-	// ClusterSelector is a label selector on RayClusters ("" selects all).
-	ClusterSelector string
 	// Sources are the canonical Secrets (by name; each gets an informer of its own).
 	Sources []types.NamespacedName
 }
@@ -105,10 +100,9 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
 	nsIndex := cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
 	for _, ns := range namespaces {
 		s := &scope{
-			clusters: dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayClusterGVR, ns, 0, nsIndex,
-				labelled(cfg.ClusterSelector)).Informer(),
+			clusters:       dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayClusterGVR, ns, 0, nsIndex, nil).Informer(),
 			clusterSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(kuberay.ClusterLabel)),
-			managedSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(ManagedByLabel+"="+ManagedByValue)),
+			managedSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(names.ManagedByLabel+"="+names.ManagedByValue)),
 			pods: coreinformers.NewFilteredPodInformer(kube, ns, 0, cache.Indexers{clusterIndex: podClusterIndex},
 				labelled(kuberay.NodeTypeLabel)),
 		}
@@ -310,5 +304,5 @@ func (c Config) String() string {
 	if len(c.Namespaces) > 0 {
 		ns = fmt.Sprint(c.Namespaces)
 	}
-	return fmt.Sprintf("namespaces=%s selector=%q sources=%v", ns, c.ClusterSelector, c.Sources)
+	return fmt.Sprintf("namespaces=%s sources=%v", ns, c.Sources)
 }

@@ -103,3 +103,17 @@ func TestReadAuthOptions(t *testing.T) {
 		})
 	}
 }
+
+// FuzzValidClusterName: the hand-written check is exactly KubeRay's rule (a DNS-1035 label of at
+// most 53 characters).
+func FuzzValidClusterName(f *testing.F) {
+	for _, s := range []string{"a", "a-b", "1a", "-a", "a-", "A", "a.b", "", strings.Repeat("a", 54), "a\u00e9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		want := len(name) <= MaxClusterNameLength && len(validation.IsDNS1035Label(name)) == 0
+		if got := ValidClusterName(name); got != want {
+			t.Fatalf("ValidClusterName(%q) = %v, want %v", name, got, want)
+		}
+	})
+}

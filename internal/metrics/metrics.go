@@ -9,33 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-)
 
-// Target states, as in raysync_targets{state}.
-const (
-	StateInSync        = "in_sync"
-	StateOutOfSync     = "out_of_sync"
-	StateNotOwned      = "not_owned"
-	StateSourceInvalid = "source_invalid"
-)
-
-// States lists every target state, so raysync_targets reports zeros instead of missing series.
-var States = []string{StateInSync, StateOutOfSync, StateNotOwned, StateSourceInvalid}
-
-// Sync results, as in raysync_sync_total{result}.
-const (
-	ResultCreated   = "created"
-	ResultUpdated   = "updated"
-	ResultUnchanged = "unchanged"
-	ResultRefused   = "refused"
-	ResultError     = "error"
-)
-
-// Target kinds, as in raysync_targets{kind}.
-const (
-	KindAuthToken     = "auth_token"
-	KindPullSecret    = "pull_secret"
-	KindAutoscalerTLS = "autoscaler_tls"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // TargetState is one RayCluster's state for one kind of target at scrape time.
@@ -69,6 +44,14 @@ type Snapshot struct {
 	StalePods []StalePods
 	// Deferred are clusters whose template patch waits (upgradeStrategy Recreate with running pods).
 	Deferred []ClusterRef
+}
+
+// SourcesConfigured gives every per-source counter a series at 0 for each configured source, so
+// dashboards and increase() see no gap after a restart (Prometheus' instrumentation practice).
+func (m *Metrics) SourcesConfigured(sources ...string) {
+	for _, s := range sources {
+		m.Rotations.WithLabelValues(s)
+	}
 }
 
 // Metrics holds raysync's registry and the instruments the controller updates.
@@ -122,10 +105,10 @@ func New(snapshot func() Snapshot) *Metrics {
 			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
 		}, []string{"reason"}),
 	}
-	for _, r := range []string{"pull_secret", "autoscaler_tls"} {
+	for _, r := range []string{names.StalePullSecret, names.StaleAutoscalerTLS} {
 		m.PodsRecycled.WithLabelValues(r)
 	}
-	for _, r := range []string{ResultCreated, ResultUpdated, ResultUnchanged, ResultRefused, ResultError} {
+	for _, r := range names.Results {
 		m.Syncs.WithLabelValues(r)
 	}
 	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
@@ -200,14 +183,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	counts := map[[2]string]int{}
-	kinds := map[string]bool{KindAuthToken: true}
+	kinds := map[string]bool{string(names.KindAuthToken): true}
 	for _, t := range s.Targets {
 		counts[[2]string{t.Kind, t.State}]++
 		kinds[t.Kind] = true
-		ch <- prometheus.MustNewConstMetric(targetInSyncDesc, prometheus.GaugeValue, boolFloat(t.State == StateInSync), t.Namespace, t.RayCluster, t.Kind)
+		ch <- prometheus.MustNewConstMetric(targetInSyncDesc, prometheus.GaugeValue, boolFloat(t.State == names.StateInSync), t.Namespace, t.RayCluster, t.Kind)
 	}
 	for kind := range kinds {
-		for _, st := range States {
+		for _, st := range names.States {
 			ch <- prometheus.MustNewConstMetric(targetsDesc, prometheus.GaugeValue, float64(counts[[2]string{kind, st}]), kind, st)
 		}
 	}

@@ -6,14 +6,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/raysync/raysync/internal/names"
 )
 
 func TestScrapeTimeState(t *testing.T) {
 	snap := Snapshot{
 		Sources: []SourceState{{Source: "sys/token", Valid: true}},
 		Targets: []TargetState{
-			{Namespace: "ray", RayCluster: "a", Kind: KindAuthToken, State: StateInSync},
-			{Namespace: "ray", RayCluster: "b", Kind: KindAuthToken, State: StateNotOwned},
+			{Namespace: "ray", RayCluster: "a", Kind: string(names.KindAuthToken), State: names.StateInSync},
+			{Namespace: "ray", RayCluster: "b", Kind: string(names.KindAuthToken), State: names.StateNotOwned},
 		},
 		StalePods: []StalePods{{Namespace: "ray", RayCluster: "a", Reason: "token", Count: 2}},
 	}
@@ -50,7 +52,7 @@ raysync_source_valid{source="sys/token"} 1
 func TestEveryMetricIsRegistered(t *testing.T) {
 	m := New(func() Snapshot {
 		return Snapshot{Sources: []SourceState{{Source: "a/b", Valid: true, NotAfter: time.Unix(1e9, 0)}},
-			Targets:   []TargetState{{Namespace: "n", RayCluster: "c", Kind: KindPullSecret, State: StateOutOfSync}},
+			Targets:   []TargetState{{Namespace: "n", RayCluster: "c", Kind: string(names.KindPullSecret), State: names.StateOutOfSync}},
 			StalePods: []StalePods{{Namespace: "n", RayCluster: "c", Reason: "pull_secret"}},
 			Deferred:  []ClusterRef{{Namespace: "n", RayCluster: "c"}}}
 	})

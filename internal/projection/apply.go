@@ -2,51 +2,275 @@ package projection
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 )
 
-// secretWriter is the only place raysync writes Secrets. With dryRun it logs the intended write
-// (names only, never data) and pretends it succeeded.
-type secretWriter struct {
-	kube   kubernetes.Interface
-	dryRun bool
-	log    *zap.Logger
+// applier executes planned actions: it holds every API write raysync makes. Each write has a
+// precondition (the resourceVersion it was decided on; UID and resourceVersion for deletes), so a
+// write decided on stale data fails with a conflict and the key goes back to the queue. With dryRun
+// it logs each write (names only, never data) and carries on as if it had succeeded.
+type applier struct {
+	kube     kubernetes.Interface
+	dyn      dynamic.Interface
+	recorder record.EventRecorder
+	metrics  *metrics.Metrics
+	log      *zap.Logger
+	memory   *memory
+	caches   *informer.Caches // when clusters and sources were first seen changing (propagation times)
+	source   types.NamespacedName
+	dryRun   bool
+	now      func() time.Time
 }
 
-func (w secretWriter) create(ctx context.Context, s *corev1.Secret) (*corev1.Secret, error) {
-	if w.dryRun {
-		w.log.Info("dry-run: would create Secret", zap.String("namespace", s.Namespace), zap.String("secret", s.Name))
-		return s, nil
-	}
-	return w.kube.CoreV1().Secrets(s.Namespace).Create(ctx, s, metav1.CreateOptions{FieldManager: fieldManager})
+// takenError: a create found the name taken by a Secret the caches do not hold (it belongs to
+// someone else, or the caches lag). The controller plans again with it.
+type takenError struct{ live *corev1.Secret }
+
+func (e *takenError) Error() string {
+	return "Secret " + e.live.Namespace + "/" + e.live.Name + " already exists"
 }
 
-// update writes s with its resourceVersion as precondition (optimistic concurrency).
-func (w secretWriter) update(ctx context.Context, s *corev1.Secret) (*corev1.Secret, error) {
-	if w.dryRun {
-		w.log.Info("dry-run: would update Secret", zap.String("namespace", s.Namespace), zap.String("secret", s.Name))
-		return s, nil
+// errVanished: what a write was aimed at is gone (its cluster or namespace is being deleted). Not an
+// error: the delete events bring the key back if there is still something to do.
+var errVanished = errors.New("target vanished")
+
+// cluster executes a cluster's plan in order and stops at the first failure.
+func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInput, plan ClusterPlan) error {
+	log := clusterLog(a.log, in.Cluster)
+	var podErrs []error
+	for _, act := range plan.Actions {
+		err := a.do(ctx, key, in.Cluster, act, log)
+		if _, isPod := act.(DeletePod); isPod && err != nil {
+			podErrs = append(podErrs, err) // one pod's failure must not hold back the others
+			continue
+		}
+		if errors.Is(err, errVanished) {
+			log.Debug("target disappeared during the reconcile")
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 	}
-	return w.kube.CoreV1().Secrets(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: fieldManager})
+	if plan.Unchanged {
+		a.metrics.Syncs.WithLabelValues(names.ResultUnchanged).Inc()
+	}
+	if plan.Refused > 0 {
+		a.metrics.Syncs.WithLabelValues(names.ResultRefused).Add(float64(plan.Refused))
+	}
+	if plan.TemplatesInPlace && !in.Memory.templatesApplied {
+		a.memory.update(key, in.Cluster.GetUID(), func(m *clusterMemory) { m.templatesApplied = true })
+	}
+	return errors.Join(podErrs...)
 }
 
-// delete removes s only if it is still exactly the object raysync decided to delete.
-func (w secretWriter) delete(ctx context.Context, s *corev1.Secret) error {
-	if w.dryRun {
-		w.log.Info("dry-run: would delete Secret", zap.String("namespace", s.Namespace), zap.String("secret", s.Name))
-		return nil
+func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Unstructured, act Action, log *zap.Logger) error {
+	switch act := act.(type) {
+	case CreateSecret:
+		err := a.create(ctx, act.Secret, log)
+		if err == nil {
+			a.wrote(key, rc, act.Secret, act.Propagates)
+			if rc != nil {
+				a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { delete(m.foreign, act.Secret.Name) })
+			}
+			return nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		live, gerr := a.kube.CoreV1().Secrets(act.Secret.Namespace).Get(ctx, act.Secret.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(gerr) {
+			return errVanished // deleted meanwhile; its delete event brings us back
+		} else if gerr != nil {
+			return fmt.Errorf("get Secret %s/%s: %w", act.Secret.Namespace, act.Secret.Name, gerr)
+		}
+		if rc != nil {
+			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.foreign[live.Name] = true })
+		}
+		return &takenError{live: live}
+	case UpdateSecret:
+		if err := a.write(ctx, "update", act.Secret, log, func() error {
+			_, err := a.kube.CoreV1().Secrets(act.Secret.Namespace).Update(ctx, act.Secret, metav1.UpdateOptions{FieldManager: names.FieldManager})
+			return err
+		}); err != nil {
+			return err
+		}
+		a.wrote(key, rc, act.Secret, act.Propagates)
+	case ReplaceSecret:
+		if err := a.delete(ctx, act.Old, log); err != nil && !errors.Is(err, errVanished) {
+			return err
+		}
+		if err := a.create(ctx, act.New, log); err != nil {
+			return err // AlreadyExists included: someone was faster; plan again from the caches
+		}
+		a.metrics.Syncs.WithLabelValues(names.ResultUpdated).Inc()
+	case DeleteSecret:
+		if err := a.delete(ctx, act.Secret, log); err != nil && !errors.Is(err, errVanished) && !apierrors.IsConflict(err) {
+			return err
+		}
+	case PatchCluster:
+		if err := a.patch(ctx, act, log); err != nil {
+			return err
+		}
+		if act.Reapplied {
+			a.metrics.TemplateReapplied.Inc()
+		}
+		if rc != nil {
+			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.templatesApplied = true })
+		}
+	case DeletePod:
+		return a.deletePod(ctx, act, log)
+	case RecordEvent:
+		a.recorder.Event(act.Object, act.Type, act.Reason, act.Message)
+		if act.DedupKey != "" && rc != nil {
+			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.warned[act.DedupKey] = act.DedupValue })
+		}
 	}
-	return w.kube.CoreV1().Secrets(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{
-		Preconditions: &metav1.Preconditions{UID: &s.UID, ResourceVersion: &s.ResourceVersion},
+	return nil
+}
+
+func (a *applier) create(ctx context.Context, s *corev1.Secret, log *zap.Logger) error {
+	return a.write(ctx, "create", s, log, func() error {
+		_, err := a.kube.CoreV1().Secrets(s.Namespace).Create(ctx, s, metav1.CreateOptions{FieldManager: names.FieldManager})
+		return err
 	})
 }
 
-func (w secretWriter) get(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
-	return w.kube.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+// delete removes s only if it is still exactly the object raysync decided to delete.
+func (a *applier) delete(ctx context.Context, s *corev1.Secret, log *zap.Logger) error {
+	return a.write(ctx, "delete", s, log, func() error {
+		return a.kube.CoreV1().Secrets(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &s.UID, ResourceVersion: &s.ResourceVersion}})
+	})
 }
 
-const fieldManager = "raysync"
+// write runs one Secret write (or logs it under dry-run) and classifies its failure.
+func (a *applier) write(ctx context.Context, verb string, s *corev1.Secret, log *zap.Logger, call func() error) error {
+	log = log.With(zap.String("secret", s.Name))
+	if a.dryRun {
+		log.Info("dry-run: would " + verb + " Secret")
+		return nil
+	}
+	err := call()
+	switch {
+	case err == nil:
+		log.Info(verb + "d Secret")
+		return nil
+	case apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		return errVanished
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		return err // decided on stale data: back to the queue, not an error of raysync's
+	}
+	a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
+	return fmt.Errorf("%s Secret %s/%s: %w", verb, s.Namespace, s.Name, err)
+}
+
+// wrote accounts for a successful create or update.
+func (a *applier) wrote(key informer.Key, rc *unstructured.Unstructured, s *corev1.Secret, propagates bool) {
+	result := names.ResultUpdated
+	if s.ResourceVersion == "" {
+		result = names.ResultCreated
+	}
+	a.metrics.Syncs.WithLabelValues(result).Inc()
+	if !propagates || rc == nil {
+		return
+	}
+	start := a.caches.FirstSeen(rc.GetUID())
+	if changed := a.caches.SourceChangedAt(a.source); changed.After(start) {
+		start = changed
+	}
+	if !start.IsZero() {
+		a.metrics.Propagation.Observe(a.now().Sub(start).Seconds())
+	}
+}
+
+func (a *applier) patch(ctx context.Context, act PatchCluster, log *zap.Logger) error {
+	if a.dryRun {
+		log.Info("dry-run: would patch RayCluster pod templates")
+		return nil
+	}
+	_, err := a.dyn.Resource(kuberay.RayClusterGVR).Namespace(act.Namespace).Patch(ctx, act.Name, types.MergePatchType, act.Patch,
+		metav1.PatchOptions{FieldManager: names.FieldManager})
+	switch {
+	case err == nil:
+		log.Info("pod templates patched with raysync's entries", zap.Bool("reapplied", act.Reapplied))
+		return nil
+	case apierrors.IsNotFound(err):
+		return errVanished
+	case apierrors.IsConflict(err):
+		return err
+	}
+	a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
+	return fmt.Errorf("patch RayCluster %s/%s templates: %w", act.Namespace, act.Name, err)
+}
+
+func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger) error {
+	p := act.Pod
+	log = log.With(zap.String("pod", p.Name), zap.Strings("missing", act.Missing))
+	if a.dryRun {
+		log.Info("dry-run: would delete pending pod to recreate it from the fixed template")
+		return nil
+	}
+	err := a.kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &p.UID, ResourceVersion: &p.ResourceVersion}})
+	switch {
+	case err == nil:
+		for _, m := range act.Missing {
+			a.metrics.PodsRecycled.WithLabelValues(m).Inc()
+		}
+		log.Info("recycled pending pod created before the template fix")
+		return nil
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		return nil // gone or changed since we looked: the next event brings it back to us
+	}
+	return fmt.Errorf("recycle pod %s/%s: %w", p.Namespace, p.Name, err)
+}
+
+// sourceChange reports what one observation of a source meant: a SourceInvalid Warning on the source
+// when it became invalid (for a new reason), a rotation in the metrics when its content changed.
+func (a *applier) sourceChange(src source, ch sourceChange) {
+	log := a.log.With(zap.String("source", src.name.String()))
+	switch {
+	case ch.nowInvalid != "":
+		log.Error("source is invalid: leaving every target untouched", zap.String("reason", ch.nowInvalid))
+		obj := src.secret
+		if obj == nil { // a missing Secret gets a reference by name
+			obj = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: src.name.Namespace, Name: src.name.Name}}
+		}
+		a.recorder.Eventf(obj, corev1.EventTypeWarning, names.ReasonSourceInvalid,
+			"raysync cannot use %s of this Secret: %s; every target keeps what it has", ch.description, ch.nowInvalid)
+	case ch.rotated:
+		a.metrics.Rotations.WithLabelValues(src.name.String()).Inc()
+		a.metrics.LastRotation.WithLabelValues(src.name.String()).Set(float64(a.now().UnixNano()) / 1e9)
+		log.Info("source content changed: propagating to every target")
+	case ch.validAgain:
+		log.Info("source is valid again")
+	}
+}
+
+// clusterLog carries the fixed keys of a cluster's log lines.
+func clusterLog(log *zap.Logger, rc *unstructured.Unstructured) *zap.Logger {
+	fields := []zap.Field{zap.String("namespace", rc.GetNamespace()), zap.String("raycluster", rc.GetName())}
+	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd == "RayService" || crd == "RayJob" {
+		fields = append(fields, zap.String(strings.ToLower(crd), rc.GetLabels()[kuberay.OriginatedFromNameLabel]))
+	}
+	return log.With(fields...)
+}

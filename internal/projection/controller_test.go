@@ -7,225 +7,19 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/record"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
-	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 )
 
-const (
-	ns       = "ray"
-	token    = "canonical-token-value"
-	oldToken = "kuberay-random-token"
-)
-
-var source = types.NamespacedName{Namespace: "raysync-system", Name: "ray-token"}
-
-// ---- fixture builders ----
-
-func rayCluster(name string, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
-	rc := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "ray.io/v1", "kind": "RayCluster",
-		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name, "generation": int64(1)},
-		"spec":     map[string]any{"authOptions": map[string]any{"mode": "token"}},
-	}}
-	for _, o := range opts {
-		o(rc)
-	}
-	return rc
-}
-
-func withAuth(auth any) func(*unstructured.Unstructured) {
-	return func(rc *unstructured.Unstructured) { rc.Object["spec"].(map[string]any)["authOptions"] = auth }
-}
-
-func withAnnotation(k, v string) func(*unstructured.Unstructured) {
-	return func(rc *unstructured.Unstructured) { rc.SetAnnotations(map[string]string{k: v}) }
-}
-
-func deleting(rc *unstructured.Unstructured) {
-	now := metav1.Now()
-	rc.SetDeletionTimestamp(&now)
-	rc.SetFinalizers([]string{"example.com/hold"})
-}
-
-func secret(namespace, name string, data map[string]string, opts ...func(*corev1.Secret)) *corev1.Secret {
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, ResourceVersion: "1", UID: types.UID("s-" + name)},
-		Data: map[string][]byte{}}
-	for k, v := range data {
-		s.Data[k] = []byte(v)
-	}
-	for _, o := range opts {
-		o(s)
-	}
-	return s
-}
-
-func sourceSecret(value string) *corev1.Secret {
-	return secret(source.Namespace, source.Name, map[string]string{"auth_token": value})
-}
-
-// ownedBy gives a Secret KubeRay's shape: label ray.io/cluster and the cluster as controller.
-func ownedBy(cluster string) func(*corev1.Secret) {
-	return func(s *corev1.Secret) {
-		yes := true
-		s.Labels = map[string]string{kuberay.ClusterLabel: cluster}
-		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: cluster,
-			UID: types.UID("uid-" + cluster), Controller: &yes, BlockOwnerDeletion: &yes}}
-	}
-}
-
-func managed(s *corev1.Secret) {
-	s.Labels = map[string]string{informer.ManagedByLabel: informer.ManagedByValue}
-	s.Annotations = map[string]string{SourceAnnotation: source.String(), KindAnnotation: KindAuthToken}
-}
-
-func withSecretAnnotation(k, v string) func(*corev1.Secret) {
-	return func(s *corev1.Secret) {
-		if s.Annotations == nil {
-			s.Annotations = map[string]string{}
-		}
-		s.Annotations[k] = v
-	}
-}
-
-type harness struct {
-	ctrl     *Controller
-	kube     *fake.Clientset
-	dyn      *dynamicfake.FakeDynamicClient
-	recorder *record.FakeRecorder
-	metrics  *metrics.Metrics
-}
-
-func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
-	t.Helper()
-	return newHarnessWith(t, Options{Source: source, DryRun: dryRun, Prune: true}, clusters, objs...)
-}
-
-// newPodHarness is a harness with pod-level sources configured (and rc, if not nil).
-func newPodHarness(t *testing.T, rc *unstructured.Unstructured, pods PodOptions, objs ...runtime.Object) *harness {
-	t.Helper()
-	var clusters []*unstructured.Unstructured
-	if rc != nil {
-		clusters = append(clusters, rc)
-	}
-	return newHarnessWith(t, Options{Source: source, Prune: true, Pods: pods}, clusters, objs...)
-}
-
-func newHarnessWith(t testing.TB, opts Options, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
-	t.Helper()
-	kube := fake.NewClientset(objs...)
-	scheme := runtime.NewScheme()
-	var dynObjs []runtime.Object
-	for _, rc := range clusters {
-		dynObjs = append(dynObjs, rc)
-	}
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
-		map[schema.GroupVersionResource]string{kuberay.RayClusterGVR: "RayClusterList"}, dynObjs...)
-	sources := append([]types.NamespacedName{source}, opts.Pods.PullSecrets...)
-	if opts.Pods.AutoscalerTLS != nil {
-		sources = append(sources, *opts.Pods.AutoscalerTLS)
-	}
-	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{ns}, Sources: sources})
-	rec := record.NewFakeRecorder(100)
-	h := &harness{kube: kube, dyn: dyn, recorder: rec}
-	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })
-	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.ctrl = ctrl
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	caches.Start(ctx.Done())
-	if !caches.WaitForSync(ctx.Done()) {
-		t.Fatal("caches did not sync")
-	}
-	kube.ClearActions()
-	dyn.ClearActions()
-	return h
-}
-
-func (h *harness) allActions() []clienttesting.Action {
-	return append(h.kube.Actions(), h.dyn.Actions()...)
-}
-
-// allWrites lists every write to the API as "verb resource name".
-func (h *harness) allWrites() []string {
-	var out []string
-	for _, a := range h.allActions() {
-		var name string
-		switch a.GetVerb() {
-		case "create", "update":
-			name = a.(clienttesting.CreateAction).GetObject().(metav1.Object).GetName()
-		case "delete", "patch":
-			name = a.(interface{ GetName() string }).GetName()
-		default:
-			continue
-		}
-		out = append(out, a.GetVerb()+" "+a.GetResource().Resource+" "+name)
-	}
-	return out
-}
-
-func testutilValue(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
-
-func (h *harness) sync(t *testing.T, name string) {
-	t.Helper()
-	if err := h.ctrl.syncCluster(context.Background(), informer.Key{Kind: informer.ClusterKey, Namespace: ns, Name: name}); err != nil {
-		t.Fatalf("syncCluster: %v", err)
-	}
-}
-
-// writes returns the verbs and names of every Secret write the controller made.
-func (h *harness) writes() []string {
-	var out []string
-	for _, a := range h.kube.Actions() {
-		switch a.GetVerb() {
-		case "create", "update":
-			out = append(out, a.GetVerb()+" "+a.(clienttesting.CreateAction).GetObject().(metav1.Object).GetName())
-		case "delete", "patch":
-			out = append(out, a.GetVerb()+" "+a.(interface{ GetName() string }).GetName())
-		}
-	}
-	return out
-}
-
-func (h *harness) events() []string {
-	var out []string
-	for {
-		select {
-		case e := <-h.recorder.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
-}
-
-func (h *harness) secret(t *testing.T, name string) *corev1.Secret {
-	t.Helper()
-	s, err := h.kube.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get %s: %v", name, err)
-	}
-	return s
-}
+// The controller end to end over client-go fakes: gather, plan and apply together.
 
 func TestSyncClusterTokenTargets(t *testing.T) {
 	tests := map[string]struct {
@@ -239,12 +33,12 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 	}{
 		"generated, absent: create in KubeRay's shape": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token)},
-			cluster: "c1", wantWrites: []string{"create c1"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"c1": token},
+			cluster: "c1", wantWrites: []string{"create c1"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"c1": token},
 		},
 		"generated, 52 characters: CheckName": {
 			clusters: []*unstructured.Unstructured{rayCluster("ab1" + strings.Repeat("y", 49))},
 			objs:     []runtime.Object{sourceSecret(token)}, cluster: "ab1" + strings.Repeat("y", 49),
-			wantWrites: []string{"create r" + strings.Repeat("y", 49)}, wantEvent: ReasonTokenProjected,
+			wantWrites: []string{"create r" + strings.Repeat("y", 49)}, wantEvent: names.ReasonTokenProjected,
 		},
 		"name KubeRay rejects (54 characters): not a target": {
 			clusters: []*unstructured.Unstructured{rayCluster(strings.Repeat("n", 54))},
@@ -253,13 +47,13 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 		"generated, KubeRay's random token: update": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))},
-			cluster:  "c1", wantWrites: []string{"update c1"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"c1": token},
+			cluster:  "c1", wantWrites: []string{"update c1"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"c1": token},
 		},
 		"generated, raysync's old token: update counts as rotation": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs: []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"),
-				withSecretAnnotation(TokenSHA256Annotation, "0123456789abcdef"))},
-			cluster: "c1", wantWrites: []string{"update c1"}, wantEvent: ReasonTokenRotated, wantToken: map[string]string{"c1": token},
+				withSecretAnnotation(names.TokenSHA256Annotation, "0123456789abcdef"))},
+			cluster: "c1", wantWrites: []string{"update c1"}, wantEvent: names.ReasonTokenRotated, wantToken: map[string]string{"c1": token},
 		},
 		"generated, already equal: no write": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
@@ -270,12 +64,12 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs: []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"),
 				func(s *corev1.Secret) { s.OwnerReferences[0].UID = "someone-else" })},
-			cluster: "c1", wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
+			cluster: "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
 		},
 		"generated, foreign unlabelled Secret: refused after AlreadyExists": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken})},
-			cluster:  "c1", wantWrites: []string{"create c1"}, wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
+			cluster:  "c1", wantWrites: []string{"create c1"}, wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
 		},
 		"source missing: nothing written": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
@@ -291,7 +85,7 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret("")}, cluster: "c1",
 		},
 		"skip annotation": {
-			clusters: []*unstructured.Unstructured{rayCluster("c1", withAnnotation(SkipAnnotation, "true"))},
+			clusters: []*unstructured.Unstructured{rayCluster("c1", withAnnotation(names.SkipAnnotation, "true"))},
 			objs:     []runtime.Object{sourceSecret(token)}, cluster: "c1",
 		},
 		"auth disabled": {
@@ -307,37 +101,43 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 		},
 		"malformed authOptions: Warning, no panic": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth("token"))}, objs: []runtime.Object{sourceSecret(token)},
-			cluster: "c1", wantEvent: ReasonInvalidSpec,
+			cluster: "c1", wantEvent: names.ReasonInvalidSpec,
 		},
 		"cluster being deleted: nothing created": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", deleting)}, objs: []runtime.Object{sourceSecret(token)}, cluster: "c1",
 		},
 		"cluster gone": {objs: []runtime.Object{sourceSecret(token)}, cluster: "c1"},
-		"dry-run writes nothing": {
+		"dry-run writes nothing (its Events go to the log recorder)": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1"), rayCluster("c2")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c2", map[string]string{"auth_token": oldToken}, ownedBy("c2"))},
-			cluster:  "c2", dryRun: true, wantToken: map[string]string{"c2": oldToken},
+			cluster:  "c2", dryRun: true, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"c2": oldToken},
 		},
 		"referenced, absent: create managed copy": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token)}, cluster: "c1",
-			wantWrites: []string{"create shared"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"shared": token},
+			wantWrites: []string{"create shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
 		},
 		"referenced, managed copy stale: update": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)},
-			cluster:  "c1", wantWrites: []string{"update shared"}, wantEvent: ReasonTokenProjected, wantToken: map[string]string{"shared": token},
+			cluster:  "c1", wantWrites: []string{"update shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
 		},
 		"referenced, foreign Secret: refused": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken})},
-			cluster:  "c1", wantWrites: []string{"create shared"}, wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
+			cluster:  "c1", wantWrites: []string{"create shared"}, wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
 		},
-		"referenced, managed copy of another source: refused": {
+		"referenced, managed copy of an earlier source: follows the current one": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs: []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed,
-				withSecretAnnotation(SourceAnnotation, "other/source"))},
-			cluster: "c1", wantEvent: ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
+				withSecretAnnotation(names.SourceAnnotation, "other/source"))},
+			cluster: "c1", wantWrites: []string{"update shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
+		},
+		"referenced, managed copy of a pull secret under that name: refused": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
+			objs: []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed,
+				withSecretAnnotation(names.KindAnnotation, string(names.KindPullSecret)))},
+			cluster: "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
 		},
 	}
 	for name, tc := range tests {
@@ -377,20 +177,20 @@ func TestCreatedSecretHasKubeRayShape(t *testing.T) {
 	if owner == nil || owner.UID != "uid-c1" || owner.Kind != "RayCluster" || owner.APIVersion != "ray.io/v1" || !*owner.BlockOwnerDeletion {
 		t.Errorf("owner = %+v", s.OwnerReferences)
 	}
-	if s.Labels[kuberay.ClusterLabel] != "c1" || s.Labels[informer.ManagedByLabel] != "" {
+	if s.Labels[kuberay.ClusterLabel] != "c1" || s.Labels[names.ManagedByLabel] != "" {
 		t.Errorf("labels = %v: want KubeRay's ray.io/cluster only", s.Labels)
 	}
 	if len(s.Data) != 1 || string(s.Data["auth_token"]) != token || s.Type != corev1.SecretTypeOpaque {
 		t.Errorf("data keys %d, type %q", len(s.Data), s.Type)
 	}
-	want := map[string]string{SourceAnnotation: source.String(), TokenSHA256Annotation: tokenDigest([]byte(token)),
-		SyncedAtAnnotation: "2026-11-29T12:00:00Z"}
+	want := map[string]string{names.SourceAnnotation: tokenSrc.String(), names.TokenSHA256Annotation: tokenDigest([]byte(token)),
+		names.SyncedAtAnnotation: "2026-11-29T12:00:00Z"}
 	for k, v := range want {
 		if s.Annotations[k] != v {
 			t.Errorf("annotation %s = %q, want %q", k, s.Annotations[k], v)
 		}
 	}
-	if len(s.Annotations[TokenSHA256Annotation]) != 16 {
+	if len(s.Annotations[names.TokenSHA256Annotation]) != 16 {
 		t.Errorf("digest annotation must be 16 hex characters")
 	}
 }
@@ -434,21 +234,22 @@ func TestPruneNamespace(t *testing.T) {
 			objs:     []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token}, managed)},
 		},
 		"copy referenced by a skipped cluster is kept": {
-			clusters: []*unstructured.Unstructured{rayCluster("c1", ref("shared"), withAnnotation(SkipAnnotation, "true"))},
+			clusters: []*unstructured.Unstructured{rayCluster("c1", ref("shared"), withAnnotation(names.SkipAnnotation, "true"))},
 			objs:     []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token}, managed)},
 		},
 		"foreign Secret is never deleted": {
 			objs: []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token})},
 		},
-		"managed copy of another source is left alone": {
+		"unreferenced managed copy of an earlier source is deleted": {
 			objs: []runtime.Object{secret(ns, "shared", map[string]string{"auth_token": token}, managed,
-				withSecretAnnotation(SourceAnnotation, "other/src"))},
+				withSecretAnnotation(names.SourceAnnotation, "other/src"))},
+			wantWrites: []string{"delete shared"},
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t, false, tc.clusters, tc.objs...)
-			if err := h.ctrl.pruneNamespace(context.Background(), ns); err != nil {
+			if err := h.ctrl.syncNamespace(context.Background(), ns); err != nil {
 				t.Fatal(err)
 			}
 			if got := strings.Join(h.writes(), ","); got != strings.Join(tc.wantWrites, ",") {
@@ -460,30 +261,33 @@ func TestPruneNamespace(t *testing.T) {
 
 func TestSyncSourceCountsRotations(t *testing.T) {
 	h := newHarness(t, false, nil, sourceSecret(token))
-	rotations := func() float64 { return testutil.ToFloat64(h.metrics.Rotations.WithLabelValues(source.String())) }
-	h.ctrl.syncSource(source)
-	h.ctrl.syncSource(source)
+	rotations := func() float64 { return testutil.ToFloat64(h.metrics.Rotations.WithLabelValues(tokenSrc.String())) }
+	h.ctrl.syncSource(tokenSrc)
+	h.ctrl.syncSource(tokenSrc)
 	if rotations() != 0 {
 		t.Fatalf("first observation counted as rotation")
 	}
 	// A new token value is one rotation; an invalid value in between is not.
-	if _, err := h.kube.CoreV1().Secrets(source.Namespace).Update(context.Background(), sourceSecret(" bad"), metav1.UpdateOptions{}); err != nil {
+	if err := h.updateSource(sourceSecret(" bad")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(source); return string(s.Data["auth_token"]) == " bad" })
-	h.ctrl.syncSource(source)
-	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonSourceInvalid) || strings.Contains(ev[0], " bad") {
+	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(tokenSrc); return string(s.Data["auth_token"]) == " bad" })
+	h.ctrl.syncSource(tokenSrc)
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], names.ReasonSourceInvalid) || strings.Contains(ev[0], " bad") {
 		t.Fatalf("want one SourceInvalid event without the value, got %v", ev)
 	}
-	h.ctrl.syncSource(source)
+	h.ctrl.syncSource(tokenSrc)
 	if ev := h.events(); len(ev) != 0 {
 		t.Fatalf("SourceInvalid repeated for the same reason: %v", ev)
 	}
-	if _, err := h.kube.CoreV1().Secrets(source.Namespace).Update(context.Background(), sourceSecret("new-token"), metav1.UpdateOptions{}); err != nil {
+	if err := h.updateSource(sourceSecret("new-token")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { s, _ := h.ctrl.caches.Source(source); return string(s.Data["auth_token"]) == "new-token" })
-	h.ctrl.syncSource(source)
+	waitFor(t, func() bool {
+		s, _ := h.ctrl.caches.Source(tokenSrc)
+		return string(s.Data["auth_token"]) == "new-token"
+	})
+	h.ctrl.syncSource(tokenSrc)
 	if rotations() != 1 {
 		t.Fatalf("rotations = %v, want 1", rotations())
 	}
@@ -508,7 +312,7 @@ func TestSnapshotStates(t *testing.T) {
 	h := newHarness(t, false,
 		[]*unstructured.Unstructured{rayCluster("in"), rayCluster("out"), rayCluster("foreign"), rayCluster("absent"), rayCluster("plain", withAuth(nil))},
 		sourceSecret(token),
-		secret(ns, "in", map[string]string{"auth_token": token}, ownedBy("in"), withSecretAnnotation(SyncedAtAnnotation, syncedAt.Format(time.RFC3339Nano))),
+		secret(ns, "in", map[string]string{"auth_token": token}, ownedBy("in"), withSecretAnnotation(names.SyncedAtAnnotation, syncedAt.Format(time.RFC3339Nano))),
 		secret(ns, "out", map[string]string{"auth_token": oldToken}, ownedBy("out")),
 		secret(ns, "foreign", map[string]string{"auth_token": oldToken}, ownedBy("foreign"), func(s *corev1.Secret) { s.OwnerReferences[0].UID = "x" }),
 		pod("in-head", "in", started(syncedAt.Add(-time.Minute))),
@@ -535,28 +339,17 @@ func TestSnapshotStates(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestWarningsAreNotRepeatedEveryReconcile(t *testing.T) {
 	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")},
 		sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}))
 	h.sync(t, "c1")
 	h.sync(t, "c1")
 	h.sync(t, "c1")
-	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonTargetNotOwned) {
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], names.ReasonTargetNotOwned) {
 		t.Fatalf("events = %v, want one TargetNotOwned", ev)
 	}
 	// Gone and back: reported again.
-	h.ctrl.forget(informer.Key{Kind: informer.ClusterKey, Namespace: ns, Name: "c1"})
+	h.ctrl.memory.forget(clusterKey(ns, "c1"))
 	h.sync(t, "c1")
 	if ev := h.events(); len(ev) != 1 {
 		t.Fatalf("after forget: events = %v", ev)
@@ -571,7 +364,7 @@ func TestTerminatingNamespaceIsNotAnError(t *testing.T) {
 		return true, nil, err
 	})
 	h.sync(t, "c1") // fails the test if syncCluster returns an error (which would requeue with backoff)
-	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(metrics.ResultError)); v != 0 {
+	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != 0 {
 		t.Errorf("counted as error: %v", v)
 	}
 }
@@ -583,7 +376,7 @@ func TestTargetVanishingMidReconcileIsNotAnError(t *testing.T) {
 		return true, nil, apierrors.NewNotFound(corev1.Resource("secrets"), "c1")
 	})
 	h.sync(t, "c1") // fails the test if syncCluster returns an error
-	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(metrics.ResultError)); v != 0 {
+	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != 0 {
 		t.Errorf("counted as error: %v", v)
 	}
 }

@@ -1,332 +1,188 @@
 package projection
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
+	"path"
+	"slices"
 	"strings"
-	"time"
 
-	"go.uber.org/zap"
-	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/raysync/raysync/internal/informer"
-	"github.com/raysync/raysync/internal/kuberay"
-	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 )
 
-// Event reasons of the pod-template concern.
-const (
-	ReasonTemplatePatched       = "TemplatePatched"
-	ReasonTemplatePatchDeferred = "TemplatePatchDeferred"
-	ReasonPodRecycled           = "PodRecycled"
-	ReasonStalePodConfig        = "StalePodConfig"
-)
-
-// Managed-copy kinds (annotation raysync.dev/kind).
-const (
-	KindPullSecret    = "pull-secret"
-	KindAutoscalerTLS = "autoscaler-tls"
-)
-
-// RecycleGrace is the minimum age of a pod raysync recycles (creation timestamps have 1 s resolution).
-var RecycleGrace = 5 * time.Second
-
-// PodOptions configure registry pull secrets and the autoscaler's client TLS. Zero value: both off.
-type PodOptions struct {
-	PullSecrets    []types.NamespacedName
-	AutoscalerTLS  *types.NamespacedName
-	APIServer      *APIServer
-	MountPath      string
-	RecyclePending bool
-	AllowRecreate  bool
-}
-
-func (o PodOptions) enabled() bool { return len(o.PullSecrets) > 0 || o.AutoscalerTLS != nil }
-
-// templateConfigFor computes what rc's templates must carry from the cached sources, ensuring the
-// managed copies in rc's namespace exist. Sources that are invalid or whose copy name is taken by a
-// foreign Secret are left out (reported elsewhere); nothing is written for them.
-func (c *Controller) templateConfigFor(ctx context.Context, rc *unstructured.Unstructured, write bool) (TemplateConfig, error) {
-	var cfg TemplateConfig
-	for _, src := range c.opts.Pods.PullSecrets {
-		s, _ := c.caches.Source(src)
-		if ValidatePullSecret(s) != nil {
-			continue
-		}
-		owned, err := c.ensureCopy(ctx, rc, s, KindPullSecret, write)
-		if err != nil {
-			return cfg, err
-		}
-		if owned {
-			cfg.PullSecrets = append(cfg.PullSecrets, src.Name)
-		}
-	}
-	if src := c.opts.Pods.AutoscalerTLS; src != nil && Autoscaling(rc) {
-		s, _ := c.caches.Source(*src)
-		info, err := ValidateAutoscalerTLS(s, c.now())
-		if err == nil {
-			owned, err := c.ensureCopy(ctx, rc, s, KindAutoscalerTLS, write)
-			if err != nil {
-				return cfg, err
-			}
-			if owned {
-				cfg.TLS = &TLSTemplate{SecretName: src.Name, MountPath: c.opts.Pods.MountPath, HasCA: info.HasCA, APIServer: c.opts.Pods.APIServer}
+// planPodConfig makes a cluster's pod templates carry the pull secrets and the autoscaler's client
+// certificate (creating the managed copies first), then deals with the pods created before that:
+// never-started ones are recycled, running ones reported. A pod is immutable: only a new pod gets
+// the fixed template.
+func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
+	rc := in.Cluster
+	var tc TemplateConfig
+	var pullStates []string
+	for _, src := range in.Sources.pull {
+		state := names.StateSourceInvalid
+		if src.valid() {
+			var usable bool
+			if state, usable = planCopy(in, src, p); usable {
+				tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
 			}
 		}
+		pullStates = append(pullStates, state)
 	}
-	return cfg, nil
-}
-
-// copyData is what a managed copy of src holds: everything for a pull secret, the TLS keys for a certificate.
-func copyData(src *corev1.Secret, kind string) map[string][]byte {
-	out := map[string][]byte{}
-	for k, v := range src.Data {
-		if kind == KindAutoscalerTLS && k != TLSCertKey && k != TLSKeyKey && k != TLSCAKey {
-			continue
-		}
-		out[k] = bytes.Clone(v)
-	}
-	return out
-}
-
-func sameData(a, b map[string][]byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
-			return false
-		}
-	}
-	return true
-}
-
-func isManagedCopyOf(s *corev1.Secret, source types.NamespacedName, kind string) bool {
-	return s.Labels[informer.ManagedByLabel] == informer.ManagedByValue &&
-		s.Annotations[SourceAnnotation] == source.String() && s.Annotations[KindAnnotation] == kind
-}
-
-// ensureCopy keeps a raysync-managed copy of src (same name) in rc's namespace equal to it by content.
-// A source in rc's own namespace is used directly. owned is false when a Secret raysync does not
-// manage already has the name: it is never touched, and rc gets a TargetNotOwned Event.
-func (c *Controller) ensureCopy(ctx context.Context, rc *unstructured.Unstructured, src *corev1.Secret, kind string, write bool) (owned bool, err error) {
-	ns, srcName := rc.GetNamespace(), types.NamespacedName{Namespace: src.Namespace, Name: src.Name}
-	if ns == src.Namespace {
-		return true, nil
-	}
-	want := copyData(src, kind)
-	cur, _ := c.caches.ManagedSecret(ns, src.Name)
-	if cur == nil {
-		if !write {
-			return false, nil
-		}
-		desired := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: src.Name, Namespace: ns,
-				Labels:      map[string]string{informer.ManagedByLabel: informer.ManagedByValue},
-				Annotations: map[string]string{SourceAnnotation: srcName.String(), KindAnnotation: kind}},
-			Type: src.Type, Data: want,
-		}
-		_, err := c.writer.create(ctx, desired)
-		if err == nil {
-			c.metrics.Syncs.WithLabelValues(metrics.ResultCreated).Inc()
-			c.log.Info("managed copy created", zap.String("namespace", ns), zap.String("secret", src.Name), zap.String("source", srcName.String()))
-			return true, nil
-		}
-		if namespaceTerminating(err) {
-			return false, nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			c.metrics.Syncs.WithLabelValues(metrics.ResultError).Inc()
-			return false, fmt.Errorf("create copy %s/%s: %w", ns, src.Name, err)
-		}
-		if cur, err = c.writer.get(ctx, ns, src.Name); err != nil {
-			return false, fmt.Errorf("get copy %s/%s: %w", ns, src.Name, err)
-		}
-	}
-	if !isManagedCopyOf(cur, srcName, kind) {
-		if write {
-			c.refusedCopies.Store(ns+"/"+src.Name, struct{}{})
-			c.metrics.Syncs.WithLabelValues(metrics.ResultRefused).Inc()
-			c.reportOnce(rc, corev1.EventTypeWarning, ReasonTargetNotOwned,
-				"Secret %s already exists and is not managed by raysync; not copying %s into it and not using it", src.Name, srcName)
-		}
-		return false, nil
-	}
-	c.refusedCopies.Delete(ns + "/" + src.Name)
-	if sameData(cur.Data, want) && cur.Type == src.Type {
-		return true, nil
-	}
-	if !write {
-		return true, nil
-	}
-	if cur.Type != src.Type {
-		return false, fmt.Errorf("copy %s/%s has type %q, source has %q: delete the copy to let raysync recreate it", ns, src.Name, cur.Type, src.Type)
-	}
-	upd := cur.DeepCopy()
-	upd.Data = want
-	if _, err := c.writer.update(ctx, upd); err != nil {
-		c.metrics.Syncs.WithLabelValues(metrics.ResultError).Inc()
-		return false, fmt.Errorf("update copy %s/%s: %w", ns, src.Name, err)
-	}
-	c.metrics.Syncs.WithLabelValues(metrics.ResultUpdated).Inc()
-	c.log.Info("managed copy updated", zap.String("namespace", ns), zap.String("secret", src.Name), zap.String("source", srcName.String()))
-	return true, nil
-}
-
-// syncPodConfig makes rc's pod templates carry the pull secrets and autoscaler TLS, then deals
-// with pods created before that: recycles those that never started, reports running ones.
-func (c *Controller) syncPodConfig(ctx context.Context, key informer.Key, rc *unstructured.Unstructured, log *zap.Logger) error {
-	if !c.opts.Pods.enabled() {
-		return nil
-	}
-	cfg, err := c.templateConfigFor(ctx, rc, true)
-	if err != nil {
-		return err
-	}
-	desired, changed, err := desiredTemplates(rc, cfg)
-	if err != nil {
-		c.reportOnce(rc, corev1.EventTypeWarning, ReasonInvalidSpec, "raysync cannot read the pod templates: %v; leaving them alone", err)
-		log.Warn("cannot read pod templates", zap.Error(err))
-		return nil
-	}
-	if changed {
-		if c.patchDeferred(rc) {
-			c.reportOnce(rc, corev1.EventTypeWarning, ReasonTemplatePatchDeferred,
-				"upgradeStrategy Recreate would restart every running pod to add raysync's pull secrets or autoscaler TLS; not patching (start raysync with --allow-recreate to permit it)")
-			return c.handlePods(ctx, key, rc, cfg, false, log)
-		}
-		if err := c.patchTemplates(ctx, rc, desired); err != nil {
-			return err
-		}
-		if _, seen := c.templatesApplied.LoadOrStore(rc.GetUID(), struct{}{}); seen {
-			// raysync had put its entries in place before: KubeRay (or someone) wiped them.
-			c.metrics.TemplateReapplied.Inc()
-		}
-		if !c.opts.DryRun {
-			log.Info("pod templates patched with raysync's entries")
-			c.recorder.Event(rc, corev1.EventTypeNormal, ReasonTemplatePatched, "pod templates now carry raysync's pull secrets / autoscaler TLS")
-		}
-		return nil // the pods are handled on the next pass, once the cache holds the patched template
-	}
-	c.templatesApplied.LoadOrStore(rc.GetUID(), struct{}{})
-	return c.handlePods(ctx, key, rc, cfg, c.opts.Pods.RecyclePending, log)
-}
-
-// patchDeferred: with upgradeStrategy Recreate, a template change restarts every pod, so raysync waits
-// while the cluster has running pods (unless --allow-recreate).
-func (c *Controller) patchDeferred(rc *unstructured.Unstructured) bool {
-	return RecreateStrategy(rc) && !c.opts.Pods.AllowRecreate && c.anyPodStarted(rc)
-}
-
-func (c *Controller) anyPodStarted(rc *unstructured.Unstructured) bool {
-	for _, p := range c.caches.Pods(rc.GetNamespace(), rc.GetName()) {
-		if podStarted(p) {
-			return true
-		}
-	}
-	return false
-}
-
-// patchTemplates sends a JSON merge patch of exactly raysync's changes, with rc's resourceVersion as
-// precondition: a concurrent change of rc fails with a conflict and is retried on fresh data.
-func (c *Controller) patchTemplates(ctx context.Context, rc, desired *unstructured.Unstructured) error {
-	before, err := json.Marshal(rc.Object)
-	if err != nil {
-		return err
-	}
-	after, err := json.Marshal(desired.Object)
-	if err != nil {
-		return err
-	}
-	patch, err := jsonpatch.CreateMergePatch(before, after)
-	if err != nil {
-		return err
-	}
-	var p map[string]any
-	if err := json.Unmarshal(patch, &p); err != nil {
-		return err
-	}
-	p["metadata"] = map[string]any{"resourceVersion": rc.GetResourceVersion()}
-	if patch, err = json.Marshal(p); err != nil {
-		return err
-	}
-	if c.opts.DryRun {
-		c.log.Info("dry-run: would patch RayCluster pod templates", zap.String("namespace", rc.GetNamespace()), zap.String("raycluster", rc.GetName()))
-		return nil
-	}
-	_, err = c.dyn.Resource(kuberay.RayClusterGVR).Namespace(rc.GetNamespace()).Patch(ctx, rc.GetName(), types.MergePatchType, patch,
-		metav1.PatchOptions{FieldManager: fieldManager})
-	if err != nil {
-		return fmt.Errorf("patch RayCluster %s/%s templates: %w", rc.GetNamespace(), rc.GetName(), err)
-	}
-	return nil
-}
-
-// handlePods recycles never-started pods that lack raysync's entries (KubeRay recreates them from the
-// fixed template; only when recycle is set) and reports running ones; a running pod is never deleted.
-func (c *Controller) handlePods(ctx context.Context, key informer.Key, rc *unstructured.Unstructured, cfg TemplateConfig, recycle bool, log *zap.Logger) error {
+	var tlsState string
 	autoscaling := Autoscaling(rc)
-	var errs []error
+	if src := in.Sources.tls; src != nil && autoscaling {
+		tlsState = names.StateSourceInvalid
+		if src.valid() {
+			var usable bool
+			if tlsState, usable = planCopy(in, *src, p); usable {
+				tc.TLS = src.template
+			}
+		}
+	}
+
+	check := in.drift
+	if check == nil {
+		check = templateDrift
+	}
+	d, err := check(rc, tc)
+	if err != nil {
+		p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot read the pod templates: %v; leaving them alone", err))
+		d = drift{pull: len(tc.PullSecrets) > 0, tls: tc.TLS != nil}
+	}
+	for _, st := range pullStates {
+		if st == names.StateInSync && d.pull {
+			st = names.StateOutOfSync
+		}
+		p.Status.PullSecret = worst(p.Status.PullSecret, st)
+	}
+	if tlsState == names.StateInSync && d.tls {
+		tlsState = names.StateOutOfSync
+	}
+	p.Status.AutoscalerTLS = tlsState
+	if len(pullStates) > 0 {
+		p.Status.StalePods[names.StalePullSecret] = 0
+	}
+	if tlsState != "" {
+		p.Status.StalePods[names.StaleAutoscalerTLS] = 0
+	}
+	if err != nil {
+		return
+	}
+
+	recycle := cfg.Pods.RecyclePending
+	switch {
+	case !d.any():
+		p.TemplatesInPlace = true
+	case RecreateStrategy(rc) && !cfg.Pods.AllowRecreate && anyStarted(in.Pods):
+		// A template change restarts every pod of a Recreate cluster: wait until none runs.
+		p.Status.Deferred = true
+		recycle = false
+		p.warnOnce(in, names.ReasonTemplatePatchDeferred, "upgradeStrategy Recreate would restart every running pod to add raysync's pull secrets or autoscaler TLS; "+
+			"not patching (start raysync with --allow-recreate to permit it)")
+	default:
+		desired, _, _ := desiredTemplates(rc, tc)
+		patch, err := templatePatch(rc, desired)
+		if err != nil {
+			p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot patch the pod templates: %v; leaving them alone", err))
+			return
+		}
+		p.Actions = append(p.Actions, PatchCluster{Namespace: rc.GetNamespace(), Name: rc.GetName(), Patch: patch, Reapplied: in.Memory.templatesApplied})
+		p.event(in, corev1.EventTypeNormal, names.ReasonTemplatePatched, "pod templates now carry raysync's pull secrets / autoscaler TLS")
+		recycle = false // the pods are handled on the next pass, once the cache holds the patched template
+	}
+	planPods(in, tc, autoscaling, recycle, p)
+}
+
+// planPods recycles never-started pods that lack raysync's entries and reports started ones.
+func planPods(in *ClusterInput, tc TemplateConfig, autoscaling, recycle bool, p *ClusterPlan) {
 	stale := map[string][]string{}
-	for _, p := range c.caches.Pods(rc.GetNamespace(), rc.GetName()) {
-		missing := podMissing(p, cfg, autoscaling)
-		if len(missing) == 0 {
+	for _, pod := range in.Pods {
+		missing := podMissing(pod, tc, autoscaling)
+		if len(missing) == 0 || pod.DeletionTimestamp != nil {
 			continue
 		}
-		if !recyclable(p) {
-			if podStarted(p) && p.DeletionTimestamp == nil {
-				for _, m := range missing {
-					stale[m] = append(stale[m], p.Name)
-				}
-			}
-			continue
-		}
-		if !recycle {
-			continue
-		}
-		// KubeRay counts on seeing the pods it creates (its scale expectations); a pod deleted before
-		// KubeRay observed it stalls recreation for 30 s or more. Give it a moment first.
-		if age := c.now().Sub(p.CreationTimestamp.Time); age < RecycleGrace {
-			c.queue.AddAfter(key, RecycleGrace-age)
-			continue
-		}
-		if c.opts.DryRun {
-			log.Info("dry-run: would delete pending pod to recreate it from the fixed template", zap.String("pod", p.Name))
-			continue
-		}
-		uid, rv := p.UID, p.ResourceVersion
-		err := c.kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
-			Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-		switch {
-		case err == nil:
+		if podStarted(pod) {
 			for _, m := range missing {
-				c.metrics.PodsRecycled.WithLabelValues(m).Inc()
+				p.Status.StalePods[m]++
+				stale[m] = append(stale[m], pod.Name)
 			}
-			log.Info("recycled pending pod created before the template fix", zap.String("pod", p.Name), zap.Strings("missing", missing))
-			c.recorder.Eventf(rc, corev1.EventTypeNormal, ReasonPodRecycled,
-				"deleted pending pod %s (missing %s, containers never started) so KubeRay recreates it from the fixed template", p.Name, strings.Join(missing, ", "))
-		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-			// Gone or changed since we looked: the next event brings it back to us.
-		default:
-			errs = append(errs, fmt.Errorf("recycle pod %s/%s: %w", p.Namespace, p.Name, err))
-		}
-	}
-	for reason, pods := range stale {
-		k, list := rc.GetNamespace()+"/"+rc.GetName()+"/"+reason, strings.Join(pods, ",")
-		if prev, ok := c.staleConfigReported.Load(k); ok && prev.(string) == list {
 			continue
 		}
-		c.staleConfigReported.Store(k, list)
-		c.recorder.Eventf(rc, corev1.EventTypeWarning, ReasonStalePodConfig,
-			"%d running Ray pod(s) (e.g. %s) lack raysync's %s; they are not deleted and pick it up when restarted", len(pods), pods[0], reason)
+		if !recycle || !controlledBy(pod, in.Cluster.GetUID()) || (pod.Status.Phase != corev1.PodPending && pod.Status.Phase != "") {
+			continue
+		}
+		if age := in.Now.Sub(pod.CreationTimestamp.Time); age < RecycleGrace {
+			if wait := RecycleGrace - age; p.RequeueAfter == 0 || wait < p.RequeueAfter {
+				p.RequeueAfter = wait
+			}
+			continue
+		}
+		p.Actions = append(p.Actions, DeletePod{Pod: pod, Missing: missing})
+		p.event(in, corev1.EventTypeNormal, names.ReasonPodRecycled, fmt.Sprintf(
+			"deleted pending pod %s (missing %s, containers never started) so KubeRay recreates it from the fixed template", pod.Name, strings.Join(missing, ", ")))
 	}
-	return errors.Join(errs...)
+	for _, reason := range []string{names.StalePullSecret, names.StaleAutoscalerTLS} {
+		pods := stale[reason]
+		key, list := names.ReasonStalePodConfig+"/"+reason, strings.Join(pods, ",")
+		if len(pods) == 0 || in.Memory.warned[key] == list {
+			continue
+		}
+		p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeWarning, Reason: names.ReasonStalePodConfig,
+			Message:  fmt.Sprintf("%d running Ray pod(s) (e.g. %s) lack raysync's %s; they are not deleted and pick it up when restarted", len(pods), pods[0], reason),
+			DedupKey: key, DedupValue: list})
+	}
+}
+
+// podMissing lists what a Ray pod lacks of raysync's entries: names.StalePullSecret and/or names.StaleAutoscalerTLS.
+func podMissing(p *corev1.Pod, tc TemplateConfig, autoscaling bool) []string {
+	var missing []string
+	for _, n := range tc.PullSecrets {
+		if !slices.ContainsFunc(p.Spec.ImagePullSecrets, func(r corev1.LocalObjectReference) bool { return r.Name == n }) {
+			missing = append(missing, names.StalePullSecret)
+			break
+		}
+	}
+	if tc.TLS != nil && autoscaling && slices.ContainsFunc(p.Spec.Containers, isAutoscaler) && !podHasTLS(p, tc.TLS) {
+		missing = append(missing, names.StaleAutoscalerTLS)
+	}
+	return missing
+}
+
+func isAutoscaler(c corev1.Container) bool { return c.Name == AutoscalerContainer }
+
+func podHasTLS(p *corev1.Pod, t *TLSTemplate) bool {
+	vol := slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == names.TLSVolumeName && v.Secret != nil && v.Secret.SecretName == t.SecretName
+	})
+	certPath := t.certPath
+	if certPath == "" {
+		certPath = path.Join(t.MountPath, TLSCertKey)
+	}
+	i := slices.IndexFunc(p.Spec.Containers, isAutoscaler)
+	return vol && i >= 0 && slices.ContainsFunc(p.Spec.Containers[i].Env, func(e corev1.EnvVar) bool {
+		return e.Name == EnvClientCertPath && e.Value == certPath
+	})
+}
+
+// podStarted reports whether any process of the pod has started: an init container (including a
+// native sidecar) or a container that is running or has terminated. Such a pod holds its
+// configuration and is never recycled.
+func podStarted(p *corev1.Pod) bool {
+	started := func(cs corev1.ContainerStatus) bool {
+		return cs.State.Running != nil || cs.State.Terminated != nil || cs.LastTerminationState.Terminated != nil ||
+			(cs.Started != nil && *cs.Started)
+	}
+	return slices.ContainsFunc(p.Status.InitContainerStatuses, started) || slices.ContainsFunc(p.Status.ContainerStatuses, started)
+}
+
+func anyStarted(pods []*corev1.Pod) bool { return slices.ContainsFunc(pods, podStarted) }
+
+// controlledBy reports whether the pod's controller is the RayCluster with this UID: raysync deletes
+// only pods KubeRay created for that very cluster (a label is not ownership).
+func controlledBy(p *corev1.Pod, uid types.UID) bool {
+	owner := metav1.GetControllerOf(p)
+	return owner != nil && owner.UID == uid
 }

@@ -1,35 +1,23 @@
 package projection
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/cert"
 )
 
-// testCert returns PEM certificate and key valid from notBefore to notAfter.
-func testCert(t testing.TB, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
+// testCert returns a PEM certificate (chain) and key valid from an hour ago for a day, made with
+// client-go's certificate helpers. Tests of validity windows move the validation time instead.
+func testCert(t testing.TB) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKeyWithOptions(cert.SelfSignedCertKeyOptions{Host: "ray-autoscaler", MaxAge: 25 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ray-autoscaler"},
-		NotBefore: notBefore, NotAfter: notAfter, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+	return certPEM, keyPEM
 }
 
 func TestValidatePullSecret(t *testing.T) {
@@ -67,10 +55,8 @@ func TestValidatePullSecret(t *testing.T) {
 
 func TestValidateAutoscalerTLS(t *testing.T) {
 	now := time.Now()
-	crt, key := testCert(t, now.Add(-time.Hour), now.Add(24*time.Hour))
-	otherCrt, _ := testCert(t, now.Add(-time.Hour), now.Add(24*time.Hour))
-	expired, expiredKey := testCert(t, now.Add(-48*time.Hour), now.Add(-time.Hour))
-	future, futureKey := testCert(t, now.Add(time.Hour), now.Add(48*time.Hour))
+	crt, key := testCert(t)
+	otherCrt, _ := testCert(t)
 	s := func(kv ...[]byte) *corev1.Secret {
 		d := map[string][]byte{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -81,6 +67,7 @@ func TestValidateAutoscalerTLS(t *testing.T) {
 	b := func(s string) []byte { return []byte(s) }
 	tests := map[string]struct {
 		secret  *corev1.Secret
+		at      time.Time // validation time; zero: now
 		wantErr string
 		wantCA  bool
 	}{
@@ -92,15 +79,19 @@ func TestValidateAutoscalerTLS(t *testing.T) {
 		"lone key":              {secret: s(b("tls.key"), key), wantErr: "without its certificate"},
 		"mismatched pair":       {secret: s(b("tls.crt"), otherCrt, b("tls.key"), key), wantErr: "not a matching"},
 		"garbage PEM":           {secret: s(b("tls.crt"), b("-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n"), b("tls.key"), key), wantErr: "not a matching"},
-		"expired":               {secret: s(b("tls.crt"), expired, b("tls.key"), expiredKey), wantErr: "expired"},
-		"not yet valid":         {secret: s(b("tls.crt"), future, b("tls.key"), futureKey), wantErr: "not valid before"},
+		"expired":               {secret: s(b("tls.crt"), crt, b("tls.key"), key), at: now.Add(48 * time.Hour), wantErr: "expired"},
+		"not yet valid":         {secret: s(b("tls.crt"), crt, b("tls.key"), key), at: now.Add(-2 * time.Hour), wantErr: "not valid before"},
 		"CA does not parse":     {secret: s(b("tls.crt"), crt, b("tls.key"), key, b("ca.crt"), b("garbage")), wantErr: "ca.crt"},
 		"CA is a key":           {secret: s(b("tls.crt"), crt, b("tls.key"), key, b("ca.crt"), key), wantErr: "ca.crt"},
 		"CA with trailing junk": {secret: s(b("tls.crt"), crt, b("tls.key"), key, b("ca.crt"), append(append([]byte{}, otherCrt...), "junk"...)), wantErr: "ca.crt"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			info, err := ValidateAutoscalerTLS(tc.secret, now)
+			at := tc.at
+			if at.IsZero() {
+				at = now
+			}
+			info, err := ValidateAutoscalerTLS(tc.secret, at)
 			if tc.wantErr == "" {
 				if err != nil || info.HasCA != tc.wantCA || info.NotAfter.IsZero() {
 					t.Fatalf("got %+v, %v", info, err)
@@ -156,7 +147,7 @@ func FuzzValidatePullSecret(f *testing.F) {
 }
 
 func FuzzValidateAutoscalerTLS(f *testing.F) {
-	crt, key := testCert(f, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	crt, key := testCert(f)
 	f.Add(crt, key, crt)
 	f.Add([]byte("x"), []byte("y"), []byte(""))
 	f.Fuzz(func(t *testing.T, c, k, ca []byte) {

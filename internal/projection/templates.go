@@ -1,28 +1,29 @@
 package projection
 
 import (
-	"fmt"
+	"encoding/json"
 	"path"
 	"strconv"
 
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/names"
 )
 
-// What raysync adds to RayCluster pod templates.
+// Ray's autoscaler reads these (seed 001; kuberay-facts.md), and where raysync mounts the certificate.
 const (
-	TLSVolumeName           = "raysync-autoscaler-tls"
-	EnvClientCertPath       = "RAY_KUBERAY_CLIENT_CERT_PATH"
-	EnvClientKeyPath        = "RAY_KUBERAY_CLIENT_KEY_PATH"
-	EnvCACertPath           = "RAY_KUBERAY_CA_CERT_PATH"
-	EnvServiceHost          = "KUBERNETES_SERVICE_HOST"
-	EnvServicePortHTTPS     = "KUBERNETES_SERVICE_PORT_HTTPS"
-	AutoscalerContainer     = "autoscaler"
-	DefaultTLSMountPath     = "/etc/raysync/autoscaler-tls"
-	upgradeStrategyRecreate = "Recreate"
+	EnvClientCertPath   = "RAY_KUBERAY_CLIENT_CERT_PATH"
+	EnvClientKeyPath    = "RAY_KUBERAY_CLIENT_KEY_PATH"
+	EnvCACertPath       = "RAY_KUBERAY_CA_CERT_PATH"
+	EnvServiceHost      = "KUBERNETES_SERVICE_HOST"
+	EnvServicePortHTTPS = "KUBERNETES_SERVICE_PORT_HTTPS"
+	AutoscalerContainer = "autoscaler"
+	DefaultTLSMountPath = "/etc/raysync/autoscaler-tls"
 )
 
-// TemplateConfig is what every in-scope cluster's templates must carry.
+// TemplateConfig is what a cluster's templates must carry.
 type TemplateConfig struct {
 	// PullSecrets are Secret names (in the cluster's namespace) every Ray pod lists in imagePullSecrets.
 	PullSecrets []string
@@ -36,6 +37,27 @@ type TLSTemplate struct {
 	MountPath  string
 	HasCA      bool
 	APIServer  *APIServer
+
+	entries  []envEntry // envEntries(), computed once (see prepared)
+	certPath string
+}
+
+// prepared returns t with what every decision reads computed once: a template shared by many.
+func (t TLSTemplate) prepared() *TLSTemplate {
+	t.entries = t.envEntries()
+	t.certPath = path.Join(t.MountPath, TLSCertKey)
+	return &t
+}
+
+func (t *TLSTemplate) envEntries() []envEntry {
+	if t.entries != nil {
+		return t.entries
+	}
+	var out []envEntry
+	for _, e := range t.env() {
+		out = append(out, envEntry{e.Name, e.Value})
+	}
+	return out
 }
 
 // env is the autoscaler environment raysync sets, in a stable order.
@@ -65,224 +87,106 @@ func Autoscaling(rc *unstructured.Unstructured) bool {
 // the spec hash changes, templates included).
 func RecreateStrategy(rc *unstructured.Unstructured) bool {
 	v, _, _ := unstructured.NestedString(rc.Object, "spec", "upgradeStrategy", "type")
-	return v == upgradeStrategyRecreate
+	return v == "Recreate"
 }
 
-// desiredTemplates returns a copy of rc whose templates carry raysync's entries, and whether that
-// differs from rc. Only raysync's entries change: existing imagePullSecrets, volumes, mounts and env
-// are kept, entries are never duplicated. Fields of the wrong type are an error, never a panic.
+// drift says which of raysync's template entries are missing or wrong.
+type drift struct{ pull, tls bool }
+
+func (d drift) any() bool { return d.pull || d.tls }
+
+// templateDrift checks rc's templates against cfg without copying or changing anything: what a
+// scrape and most reconciles need. Fields of the wrong type are an error, never a panic.
+func templateDrift(rc *unstructured.Unstructured, cfg TemplateConfig) (drift, error) {
+	return templateEntries(rc.Object, cfg, false)
+}
+
+// desiredTemplates returns rc with raysync's entries in its templates (a copy; rc when nothing is
+// missing) and whether that differs from rc. Only raysync's entries change: existing
+// imagePullSecrets, volumes, mounts and env are kept, and entries are never duplicated.
 func desiredTemplates(rc *unstructured.Unstructured, cfg TemplateConfig) (*unstructured.Unstructured, bool, error) {
+	d, err := templateEntries(rc.Object, cfg, false)
+	if err != nil || !d.any() {
+		return rc, false, err
+	}
 	out := rc.DeepCopy()
-	changed := false
-	var podSpecs []map[string]any
-	head, err := objectAt(out.Object, "spec", "headGroupSpec", "template", "spec")
+	_, err = templateEntries(out.Object, cfg, true)
+	return out, true, err
+}
+
+// templatePatch is the JSON merge patch from rc to desired, with rc's resourceVersion as precondition.
+func templatePatch(rc, desired *unstructured.Unstructured) ([]byte, error) {
+	before, err := json.Marshal(rc.Object)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	podSpecs = append(podSpecs, head)
-	workers, found, err := unstructured.NestedFieldNoCopy(out.Object, "spec", "workerGroupSpecs")
+	after, err := json.Marshal(desired.Object)
 	if err != nil {
-		return nil, false, fmt.Errorf("spec.workerGroupSpecs: %w", err)
+		return nil, err
 	}
-	if found && workers != nil {
-		list, ok := workers.([]any)
-		if !ok {
-			return nil, false, fmt.Errorf("spec.workerGroupSpecs is not a list")
-		}
-		for i, w := range list {
-			wm, ok := w.(map[string]any)
-			if !ok {
-				return nil, false, fmt.Errorf("spec.workerGroupSpecs[%d] is not an object", i)
-			}
-			ps, err := objectAt(wm, "template", "spec")
-			if err != nil {
-				return nil, false, fmt.Errorf("spec.workerGroupSpecs[%d].%w", i, err)
-			}
-			podSpecs = append(podSpecs, ps)
-		}
+	patch, err := jsonpatch.CreateMergePatch(before, after)
+	if err != nil {
+		return nil, err
 	}
-	for _, ps := range podSpecs {
+	var p map[string]any
+	if err := json.Unmarshal(patch, &p); err != nil {
+		return nil, err
+	}
+	p["metadata"] = map[string]any{"resourceVersion": rc.GetResourceVersion()}
+	return json.Marshal(p)
+}
+
+// templateEntries walks obj's pod templates and reports what of cfg is missing; with mutate it also
+// puts the entries in place (only ever on a copy).
+func templateEntries(obj map[string]any, cfg TemplateConfig, mutate bool) (drift, error) {
+	var d drift
+	specs, err := podSpecs(obj, mutate)
+	if err != nil {
+		return d, err
+	}
+	for _, ps := range specs {
 		for _, name := range cfg.PullSecrets {
-			c, err := ensureNamedEntry(ps, "imagePullSecrets", name, map[string]any{"name": name}, nil)
+			c, err := ensureNamedEntry(ps, "imagePullSecrets", name, func() map[string]any { return map[string]any{"name": name} }, nil, mutate)
 			if err != nil {
-				return nil, false, err
+				return d, err
 			}
-			changed = changed || c
+			d.pull = d.pull || c
 		}
 	}
-	if cfg.TLS != nil && Autoscaling(out) {
-		vol := map[string]any{"name": TLSVolumeName, "secret": map[string]any{"secretName": cfg.TLS.SecretName}}
-		c, err := ensureNamedEntry(head, "volumes", TLSVolumeName, vol, func(cur map[string]any) bool {
-			s, _, _ := unstructured.NestedString(cur, "secret", "secretName")
-			return s == cfg.TLS.SecretName
-		})
-		if err != nil {
-			return nil, false, err
-		}
-		changed = changed || c
-		opts, err := objectAt(out.Object, "spec", "autoscalerOptions")
-		if err != nil {
-			return nil, false, err
-		}
-		mount := map[string]any{"name": TLSVolumeName, "mountPath": cfg.TLS.MountPath, "readOnly": true}
-		c, err = ensureNamedEntry(opts, "volumeMounts", TLSVolumeName, mount, func(cur map[string]any) bool {
-			p, _, _ := unstructured.NestedString(cur, "mountPath")
-			ro, _, _ := unstructured.NestedBool(cur, "readOnly")
-			_, sub := cur["subPath"]
-			return p == cfg.TLS.MountPath && ro && !sub
-		})
-		if err != nil {
-			return nil, false, err
-		}
-		changed = changed || c
-		for _, e := range cfg.TLS.env() {
-			want := map[string]any{"name": e.Name, "value": e.Value}
-			c, err := ensureNamedEntry(opts, "env", e.Name, want, func(cur map[string]any) bool {
-				v, ok := cur["value"].(string)
-				_, from := cur["valueFrom"]
-				return ok && v == e.Value && !from
-			})
-			if err != nil {
-				return nil, false, err
-			}
-			changed = changed || c
-		}
+	autoscaling, _, _ := unstructured.NestedBool(obj, "spec", "enableInTreeAutoscaling")
+	if cfg.TLS == nil || !autoscaling {
+		return d, nil
 	}
-	return out, changed, nil
-}
-
-// ensureNamedEntry makes list field of obj contain an entry named name: appended when absent,
-// replaced when ok (nil: any entry with that name is fine) rejects it. Reports whether it changed.
-func ensureNamedEntry(obj map[string]any, field, name string, want map[string]any, ok func(map[string]any) bool) (bool, error) {
-	raw, present := obj[field]
-	var list []any
-	if present && raw != nil {
-		l, isList := raw.([]any)
-		if !isList {
-			return false, fmt.Errorf("%s is not a list", field)
-		}
-		list = l
+	t := cfg.TLS
+	vol := func() map[string]any {
+		return map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": t.SecretName}}
 	}
-	for i, e := range list {
-		m, isMap := e.(map[string]any)
-		if !isMap {
-			return false, fmt.Errorf("%s[%d] is not an object", field, i)
-		}
-		if m["name"] != name {
-			continue
-		}
-		if ok == nil || ok(m) {
-			return false, nil
-		}
-		list[i] = want
-		obj[field] = list
-		return true, nil
+	c, err := ensureNamedEntry(specs[0], "volumes", names.TLSVolumeName, vol, func(cur map[string]any) bool {
+		s, _, _ := unstructured.NestedString(cur, "secret", "secretName")
+		return s == t.SecretName
+	}, mutate)
+	if err != nil {
+		return d, err
 	}
-	obj[field] = append(list, want)
-	return true, nil
-}
-
-// objectAt returns the object at path, creating empty objects along the way.
-func objectAt(obj map[string]any, fields ...string) (map[string]any, error) {
-	cur := obj
-	for i, f := range fields {
-		next, ok := cur[f]
-		if !ok || next == nil {
-			m := map[string]any{}
-			cur[f] = m
-			cur = m
-			continue
-		}
-		m, isMap := next.(map[string]any)
-		if !isMap {
-			return nil, fmt.Errorf("%s is not an object", joinPath(fields[:i+1]))
-		}
-		cur = m
+	d.tls = c
+	opts, err := objectAt(obj, mutate, "spec", "autoscalerOptions")
+	if err != nil {
+		return d, err
 	}
-	return cur, nil
-}
-
-func joinPath(p []string) string {
-	s := ""
-	for i, f := range p {
-		if i > 0 {
-			s += "."
-		}
-		s += f
+	mount := func() map[string]any {
+		return map[string]any{"name": names.TLSVolumeName, "mountPath": t.MountPath, "readOnly": true}
 	}
-	return s
-}
-
-// podMissing lists what a Ray pod lacks of raysync's entries: "pull_secret" and/or "autoscaler_tls".
-func podMissing(p *corev1.Pod, cfg TemplateConfig, autoscaling bool) []string {
-	var missing []string
-	have := map[string]bool{}
-	for _, r := range p.Spec.ImagePullSecrets {
-		have[r.Name] = true
+	c, err = ensureNamedEntry(opts, "volumeMounts", names.TLSVolumeName, mount, func(cur map[string]any) bool {
+		p, _, _ := unstructured.NestedString(cur, "mountPath")
+		ro, _, _ := unstructured.NestedBool(cur, "readOnly")
+		_, sub := cur["subPath"] // a subPath mount never sees a renewed certificate
+		return p == t.MountPath && ro && !sub
+	}, mutate)
+	if err != nil {
+		return d, err
 	}
-	for _, n := range cfg.PullSecrets {
-		if !have[n] {
-			missing = append(missing, ReasonPullSecret)
-			break
-		}
-	}
-	if cfg.TLS != nil && autoscaling && hasContainer(p, AutoscalerContainer) && !podHasTLS(p, cfg.TLS) {
-		missing = append(missing, ReasonAutoscalerTLS)
-	}
-	return missing
-}
-
-func hasContainer(p *corev1.Pod, name string) bool {
-	for _, c := range p.Spec.Containers {
-		if c.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-func podHasTLS(p *corev1.Pod, t *TLSTemplate) bool {
-	vol := false
-	for _, v := range p.Spec.Volumes {
-		if v.Name == TLSVolumeName && v.Secret != nil && v.Secret.SecretName == t.SecretName {
-			vol = true
-		}
-	}
-	if !vol {
-		return false
-	}
-	for _, c := range p.Spec.Containers {
-		if c.Name != AutoscalerContainer {
-			continue
-		}
-		for _, e := range c.Env {
-			if e.Name == EnvClientCertPath && e.Value == path.Join(t.MountPath, TLSCertKey) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// Stale reasons, as in raysync_stale_pods{reason} and raysync_pods_recycled_total{reason}.
-const (
-	ReasonToken         = "token"
-	ReasonPullSecret    = "pull_secret"
-	ReasonAutoscalerTLS = "autoscaler_tls"
-)
-
-// podStarted reports whether any container of the pod has started (running or terminated).
-func podStarted(p *corev1.Pod) bool {
-	for _, cs := range p.Status.ContainerStatuses {
-		if !containerStartedAt(cs).IsZero() || cs.State.Running != nil || cs.State.Terminated != nil {
-			return true
-		}
-	}
-	return false
-}
-
-// recyclable: a Pending pod whose containers never started (unscheduled, ContainerCreating,
-// ErrImagePull, ImagePullBackOff) can be deleted safely so KubeRay recreates it from the fixed template.
-func recyclable(p *corev1.Pod) bool {
-	return p.DeletionTimestamp == nil && (p.Status.Phase == corev1.PodPending || p.Status.Phase == "") && !podStarted(p)
+	d.tls = d.tls || c
+	c, err = ensureEntries(opts, "env", t.envEntries(), mutate)
+	d.tls = d.tls || c
+	return d, err
 }

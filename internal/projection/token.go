@@ -1,11 +1,12 @@
-// Package projection computes what each RayCluster's targets should hold (pure functions over cached
-// objects) and applies the smallest write that gets them there.
 package projection
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,20 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
-	"github.com/raysync/raysync/internal/metrics"
-)
-
-// Annotations raysync writes.
-const (
-	SkipAnnotation        = "raysync.dev/skip"
-	SourceAnnotation      = "raysync.dev/source"
-	TokenSHA256Annotation = "raysync.dev/token-sha256"
-	SyncedAtAnnotation    = "raysync.dev/synced-at"
-	// KindAnnotation tells raysync's managed copies apart (auth-token, and later pull secrets, TLS).
-	KindAnnotation = "raysync.dev/kind"
-	KindAuthToken  = "auth-token"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // Mode is how KubeRay finds a cluster's token Secret.
@@ -48,18 +37,9 @@ type TokenTarget struct {
 	IsSource bool
 }
 
-// Secret returns the target's namespaced name.
-func (t TokenTarget) Secret() types.NamespacedName {
-	return types.NamespacedName{Namespace: t.Namespace, Name: t.Name}
-}
-
-// TokenTargetFor decides whether raysync manages rc's token and where it lives. ok is false for
-// clusters without token auth, with Kubernetes token auth, or annotated raysync.dev/skip=true.
-// err reports a malformed spec.authOptions.
+// TokenTargetFor says where rc's token lives. ok is false for clusters without token auth or with
+// Kubernetes token auth; err reports a malformed spec.authOptions.
 func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) (t TokenTarget, ok bool, err error) {
-	if rc.GetAnnotations()[SkipAnnotation] == "true" || !kuberay.ValidClusterName(rc.GetName()) {
-		return t, false, nil
-	}
 	auth := kuberay.ReadAuthOptions(rc)
 	if auth.Err != nil {
 		return t, false, auth.Err
@@ -76,15 +56,116 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 	return TokenTarget{Mode: Generated, Namespace: rc.GetNamespace(), Name: kuberay.CheckName(rc.GetName())}, true, nil
 }
 
-// ownsTokenTarget reports whether raysync may write secret as rc's token target:
-// generated mode needs the RayCluster as controller (KubeRay's shape, whoever created it);
-// referenced mode needs a raysync-managed copy of this source.
-func ownsTokenTarget(t TokenTarget, rc *unstructured.Unstructured, secret *corev1.Secret, source types.NamespacedName) bool {
+// planToken decides rc's token target: create it in KubeRay's shape (or as a managed copy), write
+// the canonical token into it, refuse a Secret raysync does not own, or report pods that run with an
+// older token.
+func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
+	rc, src := in.Cluster, in.Sources.token
+	t, ok, err := TokenTargetFor(rc, cfg.Source)
+	if err != nil {
+		p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot read spec.authOptions: %v; leaving this cluster alone", err))
+		return
+	}
+	if !ok {
+		return
+	}
+	p.Status.Mode = t.Mode
+	p.Status.StalePods[names.StaleToken] = 0
+	switch cur := in.Target; {
+	case !src.valid():
+		p.Status.Token = names.StateSourceInvalid // every target keeps its token; the source's own key reports it
+	case t.IsSource:
+		p.Status.Token = names.StateInSync
+		if !holdsToken(src.secret, src.value) {
+			p.Status.Token = names.StateOutOfSync
+			p.warnOnce(in, names.ReasonSourceKeyMismatch, fmt.Sprintf(
+				"spec.authOptions.secretName names the canonical source %s, but KubeRay reads key %q and the source keeps its token in %q: Ray pods will fail to start",
+				cfg.Source, kuberay.AuthTokenKey, cfg.SourceKey))
+		}
+	case cur == nil:
+		p.Status.Token = names.StateOutOfSync
+		if in.Memory.foreign[t.Name] {
+			p.Status.Token = names.StateNotOwned // the last create met a Secret raysync does not cache
+		}
+		desired := desiredManagedCopy(t.Namespace, t.Name, src.value, cfg.Source, in.Now)
+		if t.Mode == Generated {
+			desired = desiredGeneratedSecret(rc, t.Name, src.value, cfg.Source, in.Now)
+		}
+		p.Actions = append(p.Actions, CreateSecret{Secret: desired, Propagates: true})
+		p.event(in, corev1.EventTypeNormal, names.ReasonTokenProjected, projectedMessage(cfg.Source))
+	case !ownsTokenTarget(t, rc, cur):
+		p.Status.Token = names.StateNotOwned
+		p.Refused++
+		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
+			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
+	case !holdsToken(cur, src.value) || t.Mode == Referenced && !copyMetaCurrent(cur, cfg.Source, names.KindAuthToken):
+		p.Status.Token = names.StateOutOfSync
+		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
+		if holdsToken(cur, src.value) {
+			// Only raysync's annotations change (a copy of an earlier source): nothing to announce.
+			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
+			return
+		}
+		if cur.Annotations[names.TokenSHA256Annotation] != "" {
+			reason, message = names.ReasonTokenRotated, "auth Secret updated to the rotated canonical token from "+cfg.Source.String()
+		}
+		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, in.Now), Propagates: true})
+		p.event(in, corev1.EventTypeNormal, reason, message)
+	default:
+		p.Status.Token = names.StateInSync
+		p.Unchanged = true
+		planStaleToken(in, cur, p)
+	}
+}
+
+func projectedMessage(source types.NamespacedName) string {
+	return "auth Secret now holds the canonical token from " + source.String()
+}
+
+// planStaleToken reports, once per cluster and token, running pods that started before their target
+// received the token it holds. Nothing is restarted. The report is remembered on the target itself
+// (StaleReportedAnnotation), so neither a restart nor a new leader repeats it.
+func planStaleToken(in *ClusterInput, target *corev1.Secret, p *ClusterPlan) {
+	since := syncedAt(target)
+	stale := stalePods(in.Pods, since)
+	p.Status.StalePods[names.StaleToken] = len(stale)
+	if len(stale) == 0 || staleReported(target, in.Cluster.GetName()) {
+		return
+	}
+	p.Actions = append(p.Actions, UpdateSecret{Secret: markStaleReported(target, in.Cluster.GetName())})
+	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeWarning, Reason: names.ReasonStaleToken,
+		Message: fmt.Sprintf("%d Ray pod(s) (e.g. %s) started before Secret %s received its current token at %s; they keep the old token until restarted",
+			len(stale), stale[0].Name, target.Name, since.UTC().Format(time.RFC3339))})
+}
+
+// staleReported reads StaleReportedAnnotation: "<synced-at>/<cluster>,<cluster>…" lists the clusters
+// whose stale pods were reported for the token written at synced-at (a referenced copy is shared).
+func staleReported(s *corev1.Secret, cluster string) bool {
+	at, list, ok := strings.Cut(s.Annotations[names.StaleReportedAnnotation], "/")
+	return ok && at == s.Annotations[names.SyncedAtAnnotation] && slices.Contains(strings.Split(list, ","), cluster)
+}
+
+func markStaleReported(s *corev1.Secret, cluster string) *corev1.Secret {
+	out := s.DeepCopy()
+	at := s.Annotations[names.SyncedAtAnnotation]
+	prev, list, ok := strings.Cut(s.Annotations[names.StaleReportedAnnotation], "/")
+	clusters := []string{cluster}
+	if ok && prev == at && list != "" {
+		clusters = append(strings.Split(list, ","), cluster)
+	}
+	out.Annotations[names.StaleReportedAnnotation] = at + "/" + strings.Join(clusters, ",")
+	return out
+}
+
+// ownsTokenTarget reports whether raysync may write secret as rc's token target: generated mode
+// needs the RayCluster as controller (KubeRay's shape, whoever created it); referenced mode needs a
+// raysync-managed copy of a token, whichever source it was copied from.
+func ownsTokenTarget(t TokenTarget, rc *unstructured.Unstructured, secret *corev1.Secret) bool {
 	if t.Mode == Generated {
 		owner := metav1.GetControllerOf(secret)
 		return owner != nil && owner.UID == rc.GetUID()
 	}
-	return isManagedCopyOf(secret, source, KindAuthToken)
+	return managedCopyOf(secret, names.KindAuthToken)
 }
 
 // desiredGeneratedSecret is the Secret KubeRay would create for rc, holding the canonical token, so
@@ -92,31 +173,26 @@ func ownsTokenTarget(t TokenTarget, rc *unstructured.Unstructured, secret *corev
 func desiredGeneratedSecret(rc *unstructured.Unstructured, name string, token []byte, source types.NamespacedName, now time.Time) *corev1.Secret {
 	s := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      name,
-			Namespace: rc.GetNamespace(),
-			Labels:    map[string]string{kuberay.ClusterLabel: rc.GetName()},
-			OwnerReferences: []metav1.OwnerReference{
-				*metav1.NewControllerRef(rc, kuberay.RayClusterGVK),
-			},
+			Name:            name,
+			Namespace:       rc.GetNamespace(),
+			Labels:          map[string]string{kuberay.ClusterLabel: rc.GetName()},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(rc, kuberay.RayClusterGVK)},
 		},
 		Type: corev1.SecretTypeOpaque,
 	}
 	return withToken(s, token, source, now)
 }
 
-// desiredManagedCopy is a raysync-owned copy of the source for referenced mode. It has no owner:
+// desiredManagedCopy is a raysync-owned copy of the token for referenced mode. It has no owner:
 // blue-green clusters share it, and raysync prunes it when no cluster references it.
 func desiredManagedCopy(ns, name string, token []byte, source types.NamespacedName, now time.Time) *corev1.Secret {
 	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        name,
-			Namespace:   ns,
-			Labels:      map[string]string{informer.ManagedByLabel: informer.ManagedByValue},
-			Annotations: map[string]string{KindAnnotation: KindAuthToken},
-		},
-		Type: corev1.SecretTypeOpaque,
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{names.ManagedByLabel: names.ManagedByValue}},
+		Type:       corev1.SecretTypeOpaque,
 	}
-	return withToken(s, token, source, now)
+	s = withToken(s, token, source, now)
+	s.Annotations[names.KindAnnotation] = string(names.KindAuthToken)
+	return s
 }
 
 // withToken sets the token and raysync's annotations on a copy of s, leaving everything else as is.
@@ -129,54 +205,31 @@ func withToken(s *corev1.Secret, token []byte, source types.NamespacedName, now 
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations[SourceAnnotation] = source.String()
-	s.Annotations[TokenSHA256Annotation] = tokenDigest(token)
-	s.Annotations[SyncedAtAnnotation] = now.UTC().Format(time.RFC3339Nano)
+	s.Annotations[names.SourceAnnotation] = source.String()
+	s.Annotations[names.TokenSHA256Annotation] = tokenDigest(token)
+	s.Annotations[names.SyncedAtAnnotation] = now.UTC().Format(time.RFC3339Nano)
+	if _, ok := s.Annotations[names.KindAnnotation]; ok {
+		s.Annotations[names.KindAnnotation] = string(names.KindAuthToken)
+	}
 	return s
 }
 
-// tokenDigest is the short digest stored on the target Secret itself (which holds the token anyway),
-// so a person can compare targets without reading them. Never log it or put it in an Event or metric.
+// tokenDigest is the short digest stored on the target Secret itself (which holds the token anyway).
+// Never log it or put it in an Event or metric.
 func tokenDigest(token []byte) string {
 	sum := sha256.Sum256(token)
 	return hex.EncodeToString(sum[:8])
 }
 
-// holdsToken reports whether the target Secret's auth_token equals the canonical token (content, not resourceVersion).
+// holdsToken reports whether the Secret's auth_token equals the token (content, not resourceVersion).
 func holdsToken(s *corev1.Secret, token []byte) bool {
 	v, ok := s.Data[kuberay.AuthTokenKey]
 	return ok && bytes.Equal(v, token)
 }
 
-// tokenState is a cluster's state as raysync_targets reports it. secret is the target as cached
-// (nil if not cached); refused means the last reconcile met a foreign Secret raysync does not cache.
-func tokenState(t TokenTarget, rc *unstructured.Unstructured, secret *corev1.Secret, token []byte, sourceErr error, source types.NamespacedName, refused bool) string {
-	switch {
-	case sourceErr != nil:
-		return metrics.StateSourceInvalid
-	case t.IsSource:
-		// Pods read the source itself: in sync exactly when it carries the key KubeRay reads.
-		if secret != nil && holdsToken(secret, token) {
-			return metrics.StateInSync
-		}
-		return metrics.StateOutOfSync
-	case secret == nil:
-		if refused {
-			return metrics.StateNotOwned
-		}
-		return metrics.StateOutOfSync
-	case !ownsTokenTarget(t, rc, secret, source):
-		return metrics.StateNotOwned
-	case holdsToken(secret, token):
-		return metrics.StateInSync
-	}
-	return metrics.StateOutOfSync
-}
-
-// stalePods counts pods with a container that started before the target received its current token
-// (the kubelet resolves secretKeyRef only when it creates a container). Pods whose containers have
-// not started are not stale. Pod start times have one-second resolution, so a container that started
-// in the same second as the write counts as fresh.
+// stalePods lists pods with a container that started before the target received its current token
+// (the kubelet resolves secretKeyRef only when it creates a container). Pod start times have
+// one-second resolution, so a container that started in the same second as the write counts as fresh.
 func stalePods(pods []*corev1.Pod, tokenSince time.Time) []*corev1.Pod {
 	if tokenSince.IsZero() {
 		return nil
@@ -206,10 +259,10 @@ func containerStartedAt(cs corev1.ContainerStatus) time.Time {
 
 // syncedAt reads when raysync last wrote the token into s (zero if never or unparsable).
 func syncedAt(s *corev1.Secret) time.Time {
-	if s == nil {
+	if s == nil || s.Annotations[names.SyncedAtAnnotation] == "" {
 		return time.Time{}
 	}
-	t, err := time.Parse(time.RFC3339Nano, s.Annotations[SyncedAtAnnotation])
+	t, err := time.Parse(time.RFC3339Nano, s.Annotations[names.SyncedAtAnnotation])
 	if err != nil {
 		return time.Time{}
 	}

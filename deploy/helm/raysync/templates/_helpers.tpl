@@ -21,6 +21,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.serviceAccount.create -}}{{ default (include "raysync.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
 
+{{/* The RBAC scope: rbac.scope when set; otherwise namespaced Roles when namespaces are listed, and
+     a ClusterRole only for allNamespaces (least privilege by default). */}}
+{{- define "raysync.rbacScope" -}}
+{{- if .Values.rbac.scope -}}{{ .Values.rbac.scope }}{{- else if .Values.namespaces -}}namespaces{{- else -}}cluster{{- end -}}
+{{- end -}}
+
 {{/* Every source Secret as a list of "NAMESPACE/NAME". */}}
 {{- define "raysync.sources" -}}
 {{- $s := list (printf "%s/%s" .Values.authSource.namespace .Values.authSource.name) -}}

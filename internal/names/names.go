@@ -1,0 +1,103 @@
+// Package names holds every name raysync's users see or match on: the labels and annotations it
+// writes, the reasons of its Events, and the label values of its metrics. Each is part of raysync's
+// interface: dashboards, alerts, kubectl selectors and GitOps rules depend on them.
+package names
+
+// Labels and annotations raysync writes.
+const (
+	// ManagedByLabel marks Secrets raysync created and may update or delete (its managed copies).
+	ManagedByLabel = "raysync.dev/managed-by"
+	ManagedByValue = "raysync"
+
+	// SkipAnnotation on a RayCluster ("true") makes raysync leave it alone.
+	SkipAnnotation = "raysync.dev/skip"
+	// SourceAnnotation on a target names the source (NAMESPACE/NAME) it was last written from.
+	SourceAnnotation = "raysync.dev/source"
+	// KindAnnotation on a managed copy says what it is a copy of (a Kind).
+	KindAnnotation = "raysync.dev/kind"
+	// TokenSHA256Annotation: a short digest of the token, on the Secret that holds the token anyway,
+	// so people can compare targets without reading them. Never logged, never in an Event or metric.
+	TokenSHA256Annotation = "raysync.dev/token-sha256"
+	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339).
+	SyncedAtAnnotation = "raysync.dev/synced-at"
+	// StaleReportedAnnotation: the synced-at value for which raysync has reported the cluster's stale
+	// pods (StaleToken), so a restarted raysync or a new leader does not report them again.
+	StaleReportedAnnotation = "raysync.dev/stale-reported"
+)
+
+// Kind is what a target holds: the label value of raysync_targets{kind} and raysync_target_in_sync{kind},
+// and the value of KindAnnotation on managed copies.
+type Kind string
+
+const (
+	KindAuthToken     Kind = "auth_token"
+	KindPullSecret    Kind = "pull_secret"
+	KindAutoscalerTLS Kind = "autoscaler_tls"
+)
+
+// Kinds lists every Kind.
+var Kinds = []Kind{KindAuthToken, KindPullSecret, KindAutoscalerTLS}
+
+// ParseKind reads KindAnnotation, accepting the spelling raysync 0.1 wrote ("pull-secret", …).
+func ParseKind(v string) (Kind, bool) {
+	switch v {
+	case string(KindAuthToken), "auth-token":
+		return KindAuthToken, true
+	case string(KindPullSecret), "pull-secret":
+		return KindPullSecret, true
+	case string(KindAutoscalerTLS), "autoscaler-tls":
+		return KindAutoscalerTLS, true
+	}
+	return "", false
+}
+
+// Target states: raysync_targets{state}, and `syncer status` (with "-" for "_").
+const (
+	StateInSync        = "in_sync"
+	StateOutOfSync     = "out_of_sync"
+	StateNotOwned      = "not_owned"
+	StateSourceInvalid = "source_invalid"
+)
+
+// States lists every target state, so raysync_targets reports zeros instead of missing series.
+var States = []string{StateInSync, StateOutOfSync, StateNotOwned, StateSourceInvalid}
+
+// Sync results: raysync_sync_total{result}.
+const (
+	ResultCreated   = "created"
+	ResultUpdated   = "updated"
+	ResultUnchanged = "unchanged"
+	ResultRefused   = "refused"
+	ResultError     = "error"
+)
+
+// Results lists every sync result.
+var Results = []string{ResultCreated, ResultUpdated, ResultUnchanged, ResultRefused, ResultError}
+
+// Why a pod is stale or was recycled: raysync_stale_pods{reason}, raysync_pods_recycled_total{reason}.
+const (
+	StaleToken         = "token"
+	StalePullSecret    = string(KindPullSecret)
+	StaleAutoscalerTLS = string(KindAutoscalerTLS)
+)
+
+// Event reasons (on the RayCluster, except SourceInvalid, which is on the source Secret).
+const (
+	ReasonTokenProjected        = "TokenProjected"
+	ReasonTokenRotated          = "TokenRotated"
+	ReasonTargetNotOwned        = "TargetNotOwned"
+	ReasonStaleToken            = "StaleToken"
+	ReasonSourceInvalid         = "SourceInvalid"
+	ReasonSourceKeyMismatch     = "SourceKeyMismatch"
+	ReasonInvalidSpec           = "InvalidSpec"
+	ReasonTemplatePatched       = "TemplatePatched"
+	ReasonTemplatePatchDeferred = "TemplatePatchDeferred"
+	ReasonPodRecycled           = "PodRecycled"
+	ReasonStalePodConfig        = "StalePodConfig"
+)
+
+// TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.
+const TLSVolumeName = "raysync-autoscaler-tls"
+
+// FieldManager is raysync's field manager on every write.
+const FieldManager = "raysync"

@@ -1,0 +1,117 @@
+// Package projection decides what every in-scope RayCluster's targets must hold and makes it so,
+// in three steps that each live in their own file:
+//
+//   - gather.go reads everything one decision needs from the informer caches into an input (no API calls);
+//   - the planners decide, as pure functions of that input (no clients, no clock, no logs, no metrics):
+//     token.go (the auth Secret), copies.go (managed copies and pruning), templates.go and pods.go
+//     (pull secrets and autoscaler TLS on pod templates and pods), composed in plan.go;
+//   - apply.go executes the planned actions with preconditions; it holds every API write.
+//
+// controller.go runs the work queue around them; status.go turns the same plans into the state that
+// metrics and `syncer status` report, so what raysync does and what it reports are one decision.
+package projection
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
+)
+
+// Config is what raysync is told to do (the command line, validated).
+type Config struct {
+	// Source is the canonical token Secret; SourceKey the data key holding the token.
+	Source    types.NamespacedName
+	SourceKey string
+	// ClusterSelector limits the RayClusters raysync manages (nil: all in the watched namespaces).
+	ClusterSelector labels.Selector
+	// Prune deletes managed copies no RayCluster in their namespace references any more.
+	Prune bool
+	// Pods configures pull secrets and the autoscaler's client TLS (off when empty).
+	Pods PodOptions
+}
+
+// PodOptions configure registry pull secrets and the autoscaler's client TLS. Zero value: both off.
+type PodOptions struct {
+	PullSecrets    []types.NamespacedName
+	AutoscalerTLS  *types.NamespacedName
+	APIServer      *APIServer
+	MountPath      string
+	RecyclePending bool
+	AllowRecreate  bool
+}
+
+func (o PodOptions) enabled() bool { return len(o.PullSecrets) > 0 || o.AutoscalerTLS != nil }
+
+// RecycleGrace is the minimum age of a pod raysync recycles: KubeRay counts on seeing the pods it
+// creates (its scale expectations), and a pod deleted before KubeRay observed it stalls its
+// recreation for 30 s or more. Creation timestamps have one-second resolution.
+const RecycleGrace = 5 * time.Second
+
+// withDefaults fills what the zero value leaves out.
+func (c Config) withDefaults() Config {
+	if c.SourceKey == "" {
+		c.SourceKey = kuberay.AuthTokenKey
+	}
+	if c.Pods.MountPath == "" {
+		c.Pods.MountPath = DefaultTLSMountPath
+	}
+	if c.ClusterSelector == nil {
+		c.ClusterSelector = labels.Everything()
+	}
+	return c
+}
+
+// Sources lists every configured source Secret: the token source, then pull secrets, then the certificate.
+func (c Config) Sources() []types.NamespacedName {
+	out := append([]types.NamespacedName{c.Source}, c.Pods.PullSecrets...)
+	if c.Pods.AutoscalerTLS != nil {
+		out = append(out, *c.Pods.AutoscalerTLS)
+	}
+	return out
+}
+
+// InScope is the one predicate for "raysync manages this RayCluster": it matches the selector, is not
+// annotated raysync.dev/skip=true, and has a name KubeRay accepts (KubeRay ignores the others). A
+// cluster being deleted is in scope (it still references its Secrets) but is never written for.
+func (c Config) InScope(rc *unstructured.Unstructured) bool {
+	return metaString(rc, "annotations", names.SkipAnnotation) != "true" && kuberay.ValidClusterName(rc.GetName()) &&
+		c.ClusterSelector.Matches(objectLabels{rc})
+}
+
+// objectLabels reads rc's labels in place (GetLabels copies them: once per cluster per scrape adds up).
+type objectLabels struct{ rc *unstructured.Unstructured }
+
+func (o objectLabels) Lookup(key string) (string, bool) {
+	m, _, _ := unstructured.NestedFieldNoCopy(o.rc.Object, "metadata", "labels")
+	labels, _ := m.(map[string]any)
+	v, ok := labels[key].(string)
+	return v, ok
+}
+
+func (o objectLabels) Has(key string) bool {
+	_, ok := o.Lookup(key)
+	return ok
+}
+
+func (o objectLabels) Get(key string) string {
+	v, _ := o.Lookup(key)
+	return v
+}
+
+// metaString reads one label or annotation without copying the map.
+func metaString(rc *unstructured.Unstructured, field, key string) string {
+	m, _, _ := unstructured.NestedFieldNoCopy(rc.Object, "metadata", field)
+	values, _ := m.(map[string]any)
+	v, _ := values[key].(string)
+	return v
+}
+
+// managed reports whether raysync acts on rc now: in scope and not being deleted.
+func (c Config) managed(rc *unstructured.Unstructured) bool {
+	return c.InScope(rc) && rc.GetDeletionTimestamp() == nil
+}

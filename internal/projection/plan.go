@@ -1,0 +1,187 @@
+package projection
+
+import (
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
+)
+
+// Action is one step of a plan. apply.go executes a plan's actions in order and stops at the first
+// that fails (the key goes back to the queue and the next pass plans again from fresh caches).
+type Action interface{ isAction() }
+
+// CreateSecret creates a Secret the caches do not hold.
+type CreateSecret struct {
+	Secret *corev1.Secret
+	// Propagates: this write delivers the canonical token (raysync_propagation_seconds).
+	Propagates bool
+}
+
+// UpdateSecret writes Secret, which carries the resourceVersion it was read at (a precondition).
+type UpdateSecret struct {
+	Secret     *corev1.Secret
+	Propagates bool
+}
+
+// ReplaceSecret deletes Old (preconditions: its UID and resourceVersion) and creates New: a Secret's
+// type cannot change.
+type ReplaceSecret struct{ Old, New *corev1.Secret }
+
+// DeleteSecret deletes a managed copy nothing references (preconditions: UID and resourceVersion).
+type DeleteSecret struct{ Secret *corev1.Secret }
+
+// PatchCluster sends a JSON merge patch of raysync's template entries to a RayCluster; the patch
+// carries the cluster's resourceVersion, so a concurrent change fails with a conflict.
+type PatchCluster struct {
+	Namespace, Name string
+	Patch           []byte
+	// Reapplied: raysync's entries had been in place before (KubeRay or someone removed them).
+	Reapplied bool
+}
+
+// DeletePod deletes a never-started pod so KubeRay recreates it from the fixed template
+// (preconditions: UID and resourceVersion).
+type DeletePod struct {
+	Pod     *corev1.Pod
+	Missing []string // names.StalePullSecret / names.StaleAutoscalerTLS
+}
+
+// RecordEvent records an Event. With DedupKey set, apply remembers DedupValue for the cluster, and
+// the planner plans the Event again only when the value changes (or the cluster was forgotten).
+type RecordEvent struct {
+	Object                runtime.Object
+	Type, Reason, Message string
+	DedupKey, DedupValue  string
+}
+
+func (CreateSecret) isAction()  {}
+func (UpdateSecret) isAction()  {}
+func (ReplaceSecret) isAction() {}
+func (DeleteSecret) isAction()  {}
+func (PatchCluster) isAction()  {}
+func (DeletePod) isAction()     {}
+func (RecordEvent) isAction()   {}
+
+// ClusterInput is everything one decision about one RayCluster reads (gather.go fills it).
+type ClusterInput struct {
+	Cluster *unstructured.Unstructured
+	Sources *sourceView
+	// Target is the token target Secret as cached (or read live), nil when absent or when the
+	// cluster reads the source itself.
+	Target *corev1.Secret
+	// Copies are the Secrets in the cluster's namespace named like pod-source copies, by name.
+	Copies map[string]*corev1.Secret
+	Pods   []*corev1.Pod
+	Memory clusterMemory
+	Now    time.Time
+	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.
+	targetName string
+	// drift checks the pod templates: templateDrift when nil, or the Reporter's memo of it (same answers).
+	drift func(*unstructured.Unstructured, TemplateConfig) (drift, error)
+}
+
+// ClusterPlan is the decision for one RayCluster: what to do, and where it stands.
+type ClusterPlan struct {
+	Actions []Action
+	Status  ClusterStatus
+	// RequeueAfter asks for another look (a pod too young to recycle); 0: none.
+	RequeueAfter time.Duration
+	// Unchanged: the token target already holds the token. Refused: targets raysync will not touch.
+	Unchanged bool
+	Refused   int
+	// TemplatesInPlace: the cluster's templates carry every entry raysync wants.
+	TemplatesInPlace bool
+}
+
+// ClusterStatus is where one in-scope RayCluster stands. Metrics and `syncer status` both read it.
+type ClusterStatus struct {
+	Namespace  string `json:"namespace"`
+	RayCluster string `json:"raycluster"`
+	// Owner is the RayService or RayJob that generated the cluster ("" for a standalone cluster).
+	Owner     string `json:"owner,omitempty"`
+	OwnerKind string `json:"ownerKind,omitempty"`
+	// Mode is generated or referenced; "" when the cluster does not use token auth.
+	Mode  Mode   `json:"mode,omitempty"`
+	Token string `json:"token,omitempty"` // a names.State*; "" when not a token target
+	// PullSecret and AutoscalerTLS are names.State* values; "" when not configured or not applicable.
+	PullSecret    string         `json:"pullSecret,omitempty"`
+	AutoscalerTLS string         `json:"autoscalerTLS,omitempty"`
+	StalePods     map[string]int `json:"stalePods"` // by names.Stale* reason
+	Deferred      bool           `json:"templatePatchDeferred,omitempty"`
+}
+
+// InSync reports whether every applicable target is in sync and no pod is stale.
+func (s ClusterStatus) InSync() bool {
+	for _, st := range []string{s.Token, s.PullSecret, s.AutoscalerTLS} {
+		if st != "" && st != names.StateInSync {
+			return false
+		}
+	}
+	for _, n := range s.StalePods {
+		if n > 0 {
+			return false
+		}
+	}
+	return !s.Deferred
+}
+
+// planCluster decides everything about one managed RayCluster: its token target, then its managed
+// copies, pod templates and pods. A pure function of its input.
+func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
+	rc := in.Cluster
+	p := ClusterPlan{Status: ClusterStatus{Namespace: rc.GetNamespace(), RayCluster: rc.GetName(), StalePods: map[string]int{}}}
+	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd != "" {
+		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], crd
+	}
+	planToken(in, cfg, &p)
+	if cfg.Pods.enabled() {
+		planPodConfig(in, cfg, &p)
+	}
+	return p
+}
+
+// warnOnce plans a Warning Event on the cluster once per generation and reason.
+func (p *ClusterPlan) warnOnce(in *ClusterInput, reason, message string) {
+	gen := generationKey(in.Cluster)
+	if in.Memory.warned[reason] == gen {
+		return
+	}
+	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeWarning, Reason: reason,
+		Message: message, DedupKey: reason, DedupValue: gen})
+}
+
+func (p *ClusterPlan) event(in *ClusterInput, typ, reason, message string) {
+	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: typ, Reason: reason, Message: message})
+}
+
+func generationKey(rc *unstructured.Unstructured) string {
+	return string(rc.GetUID()) + "/" + strconv.FormatInt(rc.GetGeneration(), 10)
+}
+
+// worst orders states by how much attention they need ("" is no state yet).
+func worst(a, b string) string {
+	if a == "" {
+		return b
+	}
+	rank := func(s string) int {
+		switch s {
+		case names.StateOutOfSync:
+			return 1
+		case names.StateNotOwned:
+			return 2
+		case names.StateSourceInvalid:
+			return 3
+		}
+		return 0
+	}
+	if rank(b) > rank(a) {
+		return b
+	}
+	return a
+}

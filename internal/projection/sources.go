@@ -1,0 +1,138 @@
+package projection
+
+import (
+	"crypto/sha256"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raysync/raysync/internal/names"
+)
+
+// sourceView is what the configured sources hold at one moment, validated once and shared by every
+// decision that moment (one reconcile, or one scrape over every cluster).
+type sourceView struct {
+	token source
+	pull  []source
+	tls   *source // nil when no client certificate is configured
+}
+
+// source is one configured source Secret as cached, and whether it can be used.
+type source struct {
+	name   types.NamespacedName
+	kind   names.Kind
+	secret *corev1.Secret // nil when it does not exist
+	err    error          // why it cannot be used; nil when valid
+	value  []byte         // the token (auth_token kind only)
+	cert   AutoscalerTLS  // what the certificate says (autoscaler_tls kind only)
+	// template is how a valid certificate is wired into a cluster's templates (autoscaler_tls kind only).
+	template *TLSTemplate
+}
+
+func (s source) valid() bool { return s.err == nil }
+
+// readSources validates every configured source as get returns it (nil: missing) at time now.
+func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now time.Time) *sourceView {
+	v := &sourceView{token: source{name: cfg.Source, kind: names.KindAuthToken, secret: get(cfg.Source)}}
+	v.token.value, v.token.err = ValidateToken(v.token.secret, cfg.SourceKey)
+	for _, n := range cfg.Pods.PullSecrets {
+		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
+		s.err = ValidatePullSecret(s.secret)
+		v.pull = append(v.pull, s)
+	}
+	if n := cfg.Pods.AutoscalerTLS; n != nil {
+		s := source{name: *n, kind: names.KindAutoscalerTLS, secret: get(*n)}
+		s.cert, s.err = ValidateAutoscalerTLS(s.secret, now)
+		s.template = TLSTemplate{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.prepared()
+		v.tls = &s
+	}
+	return v
+}
+
+// all lists every source in flag order.
+func (v *sourceView) all() []source {
+	out := append([]source{v.token}, v.pull...)
+	if v.tls != nil {
+		out = append(out, *v.tls)
+	}
+	return out
+}
+
+// what names a source's content in messages.
+func (s source) what(key string) string {
+	switch s.kind {
+	case names.KindPullSecret:
+		return "the registry credentials"
+	case names.KindAutoscalerTLS:
+		return "the client certificate"
+	}
+	return "key " + strconv.Quote(key)
+}
+
+// content is what a rotation of the source changes: the token, or the Secret's type and data.
+func (s source) content() []byte {
+	if s.kind == names.KindAuthToken {
+		return s.value
+	}
+	b := []byte(s.secret.Type)
+	for _, k := range slices.Sorted(maps.Keys(s.secret.Data)) {
+		b = append(b, 0)
+		b = append(b, k...)
+		b = append(b, 0)
+		b = append(b, s.secret.Data[k]...)
+	}
+	return b
+}
+
+// sourceMemory is what raysync remembers about a source between its events (in memory: after a
+// restart the first observation is a baseline, not a rotation).
+type sourceMemory struct {
+	seen   bool
+	digest [32]byte // detects rotations; never logged
+	reason string   // why the source is invalid ("" when valid)
+}
+
+// sourceChange is what one observation of a source means.
+type sourceChange struct {
+	rotated     bool   // valid content differs from the last valid content seen
+	nowInvalid  string // the source became invalid for this (new) reason; "" otherwise
+	validAgain  bool   // it was invalid and is valid now
+	afterwards  sourceMemory
+	description string // what was validated, for messages
+}
+
+// sourceTracker remembers every source between its events.
+type sourceTracker struct {
+	mu   sync.Mutex
+	seen map[types.NamespacedName]sourceMemory
+}
+
+// observe records one observation of a source and says what it means.
+func (t *sourceTracker) observe(s source, key string) sourceChange {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ch := observeSource(t.seen[s.name], s, key)
+	t.seen[s.name] = ch.afterwards
+	return ch
+}
+
+// observeSource compares a source with what was remembered about it.
+func observeSource(prev sourceMemory, s source, key string) sourceChange {
+	ch := sourceChange{afterwards: prev, description: s.what(key)}
+	if !s.valid() {
+		if reason := s.err.Error(); reason != prev.reason {
+			ch.nowInvalid, ch.afterwards.reason = reason, reason
+		}
+		return ch
+	}
+	ch.validAgain = prev.reason != ""
+	digest := sha256.Sum256(s.content())
+	ch.rotated = prev.seen && digest != prev.digest
+	ch.afterwards = sourceMemory{seen: true, digest: digest}
+	return ch
+}
