@@ -157,8 +157,8 @@ func main() {
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
 		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace},
-		StandIn: standIn,
-		Logf:    func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
+		StandIn:      standIn,
+		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
 	defer cp.Stop()
 	bin := buildSyncer()
