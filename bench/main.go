@@ -125,7 +125,7 @@ func main() {
 	if *smoke {
 		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 12*time.Second, 20, 200, 3, 20, 1
 		esoLimit1h = 15 * time.Second
-		runningServices, runningClusters, runningFor, probeEvery = 1, 2, 15*time.Second, 2*time.Second
+		runningServices, runningClusters, runningFor, probeEvery = 1, 2, 8*time.Second, 2*time.Second
 	}
 	if *sizes != "" {
 		ns = nil
@@ -134,6 +134,13 @@ func main() {
 			check(err)
 			ns = append(ns, n)
 		}
+	}
+	// Real-world periods, so counts over time mean what they would on a cluster: the kubelet's 10 s
+	// restart back-off base, KubeRay's wait-gcs-ready polling every 5 s. The smoke run only checks
+	// that everything works, with the harness's fast defaults.
+	standIn := framework.StandInOptions{Backoff: 10 * time.Second, GCSRetry: 5 * time.Second}
+	if *smoke {
+		standIn = framework.StandInOptions{}
 	}
 	run := map[string]bool{}
 	for _, f := range strings.Split(*only, ",") {
@@ -150,10 +157,8 @@ func main() {
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
 		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace},
-		// Real-world periods, so counts over time mean what they would on a cluster: the kubelet's
-		// 10 s restart back-off base, KubeRay's wait-gcs-ready polling every 5 s.
-		StandIn: framework.StandInOptions{Backoff: 10 * time.Second, GCSRetry: 5 * time.Second},
-		Logf:    func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
+		StandIn:      standIn,
+		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
 	defer cp.Stop()
 	bin := buildSyncer()

@@ -50,6 +50,7 @@ func (e *Env) runRayClient(url, token, jobID string) rayClientReport {
 // job is submitted and runs to SUCCEEDED and the Serve application the operator deployed shows
 // RUNNING; with a wrong token every call is refused with Ray's status codes.
 func TestKubeRayDashboardClient(t *testing.T) {
+	t.Parallel() // with the other Ray-in-the-loop tests, after the serial ones: each in namespaces of its own
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		ray := env.StandIn()
 		ns, token := env.NamespaceWithToken()

@@ -33,6 +33,7 @@ func rayJob(ns, name, mode string) *unstructured.Unstructured {
 // mode (the operator submits and polls with the Secret's token) and in K8s-Job mode (a submitter
 // pod presents its own RAY_AUTH_TOKEN to the head), every Ray process on the canonical token.
 func TestRayJobRunsWithTheCanonicalToken(t *testing.T) {
+	t.Parallel() // with the other Ray-in-the-loop tests, after the serial ones: each in namespaces of its own
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		ray := env.StandIn()
 		ns, token := env.NamespaceWithToken()
@@ -93,6 +94,7 @@ func TestRayJobRunsWithTheCanonicalToken(t *testing.T) {
 // the containers of a burst of new clusters actually started with. With a start delay of 100 ms
 // (far below a real image pull), none may start with KubeRay's random token.
 func TestNewClusterRaceAtStartDelay(t *testing.T) {
+	t.Parallel() // with the other Ray-in-the-loop tests, after the serial ones: each in namespaces of its own
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		env.StandIn()
 		ns := env.NamespaceAnnotated(map[string]string{"standin.raysync.dev/start-delay": "100ms"})

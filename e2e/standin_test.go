@@ -23,6 +23,7 @@ import (
 // benchmarking range, become Ready with endpoints, start with the generated Secret's token, and
 // the head answers with Ray's HTTP auth through its KubeRay-made Service.
 func TestStandInRunsKubeRayClusters(t *testing.T) {
+	t.Parallel() // with the other Ray-in-the-loop tests, after the serial ones: each in namespaces of its own
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		ray := env.StandIn()
 		ns := env.Namespace()
@@ -111,6 +112,7 @@ func (e *Env) createPod(p *corev1.Pod) {
 
 // TestStandInKubeletSemantics drives the stand-in with pods the test makes itself.
 func TestStandInKubeletSemantics(t *testing.T) {
+	t.Parallel() // with the other Ray-in-the-loop tests, after the serial ones: each in namespaces of its own
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		ray := env.StandIn()
 		ns := env.Namespace()

@@ -151,6 +151,7 @@ func TestProjectsCanonicalTokenIntoNewClusters(t *testing.T) {
 // that becomes ready, traffic switches to it, the first is deleted after its deletion delay, and
 // every container of both clusters started with the canonical token.
 func TestRayServiceBlueGreenKeepsOneToken(t *testing.T) {
+	t.Parallel() // with the other Ray-in-the-loop tests, after the serial ones: each in namespaces of its own
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		ray := env.StandIn()
 		ns, token := env.NamespaceWithToken()

@@ -47,5 +47,5 @@ raysync kubelet and Ray stand-in (read-only; fingerprints are HMACs under a per-
 
 // Proxy is the HTTP proxy for caller: point a client's HTTP_PROXY at it.
 func (k *Kubelet) Proxy(caller Caller) http.Handler {
-	return &forwardProxy{caller: caller, router: k.router, stats: k.stats}
+	return &forwardProxy{caller: caller, router: k.router, stats: k.stats, log: k.log}
 }

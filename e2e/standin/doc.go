@@ -10,7 +10,9 @@
 //     when it creates the container, init containers first and in order; a missing Secret, ConfigMap
 //     or key leaves the container in CreateContainerConfigError (unless optional) and is retried;
 //   - restarts failed containers with an exponential back-off (CrashLoopBackOff), per restartPolicy;
-//   - writes pod status through the pods/status subresource, and finishes graceful deletions.
+//   - writes pod status through the pods/status subresource, and finishes graceful deletions;
+//   - when it restarts, adopts the pods bound to its Node like a rebooted node: same IPs, containers
+//     started again and counted as restarts.
 //
 // What it does, as Ray would:
 //   - each Ray process loads RAY_AUTH_TOKEN once at start and accepts exactly that token;

@@ -86,8 +86,6 @@ func NewKubelet(cfg Config, kube kubernetes.Interface, factory informers.SharedI
 	if err != nil {
 		return nil, err
 	}
-	_ = core.Services().Informer()
-	_ = core.Namespaces().Informer()
 	return k, nil
 }
 
@@ -132,7 +130,12 @@ func (k *Kubelet) observe(pod *corev1.Pod) {
 func (k *Kubelet) startDelay(namespace string) (time.Duration, bool) {
 	ns, err := k.nsl.Get(namespace)
 	if err != nil {
-		return k.cfg.StartDelay, true
+		// The pod's watch may deliver it before the namespace's: ask the API server.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if ns, err = k.kube.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
+			return k.cfg.StartDelay, true
+		}
 	}
 	if ns.Annotations[AnnotationStart] == "never" {
 		return 0, false
@@ -211,6 +214,15 @@ func (k *Kubelet) assignIP(p *podRuntime) string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	ip := k.ips.next()
+	k.byIP[ip] = p
+	return ip
+}
+
+// claimIP gives p the IP it already has (a pod adopted after a restart of the stand-in).
+func (k *Kubelet) claimIP(p *podRuntime, ip string) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ips.claim(ip)
 	k.byIP[ip] = p
 	return ip
 }

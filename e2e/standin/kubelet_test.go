@@ -332,3 +332,24 @@ func TestNamespaceAnnotations(t *testing.T) {
 	}
 	eventually(t, time.Second, "slow namespace's delay", func() bool { d, ok := tk.startDelay("slow"); return ok && d == time.Second })
 }
+
+func TestARestartedStandInAdoptsItsPods(t *testing.T) {
+	head := rayPod("c-head", "head", "c", "c")
+	head.Spec.NodeName = "standin"
+	started := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
+	head.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "198.19.7.7", StartTime: &started,
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "ray-head", RestartCount: 2, State: running()}}}
+	tk := startTestKubelet(t, tokenSecret("c", "tok"), head)
+	c := tk.waitContainer("c-head", "ray-head", "running again", isRunning)
+	if c.RestartCount != 3 {
+		t.Errorf("restart count %d, want 3 (the container ran again after the node restart)", c.RestartCount)
+	}
+	r := tk.pod(testNS, "c-head").report()
+	if r.IP != "198.19.7.7" || tk.podByIP("198.19.7.7") == nil {
+		t.Errorf("the adopted pod's IP changed to %q", r.IP)
+	}
+	eventually(t, 5*time.Second, "status kept its start time", func() bool {
+		st := tk.apiPod("c-head").Status
+		return st.StartTime != nil && st.StartTime.Equal(&started) && len(st.ContainerStatuses) == 1 && st.ContainerStatuses[0].RestartCount == 3
+	})
+}

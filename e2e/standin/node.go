@@ -40,6 +40,14 @@ func (a *ipam) next() string {
 
 func (a *ipam) release(ip string) { delete(a.inUse, ip) }
 
+// claim marks ip as taken (a pod that already has it).
+func (a *ipam) claim(ip string) {
+	if a.inUse == nil {
+		a.inUse = map[string]bool{}
+	}
+	a.inUse[ip] = true
+}
+
 // RegisterNode creates (or refreshes) the one Node pods are bound to: the EndpointSlice controller
 // leaves out endpoints whose pod's Node does not exist.
 func (k *Kubelet) RegisterNode(ctx context.Context) error {

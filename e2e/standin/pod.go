@@ -75,7 +75,17 @@ func (p *podRuntime) run(delay time.Duration) {
 	}
 	p.mu.Lock()
 	p.bound, p.startTime = true, time.Now()
-	p.ip = p.k.assignIP(p)
+	if adopted := p.pod.Status.PodIP != ""; adopted {
+		// A pod this Node ran before the stand-in restarted: like a rebooted node, it keeps its IP and
+		// start time, and its containers run again, counted as restarts.
+		p.ip = p.k.claimIP(p, p.pod.Status.PodIP)
+		if st := p.pod.Status.StartTime; st != nil {
+			p.startTime = st.Time
+		}
+		p.adoptRestartCounts()
+	} else {
+		p.ip = p.k.assignIP(p)
+	}
 	for _, c := range p.main {
 		c.state = waiting("ContainerCreating", "")
 	}
@@ -101,6 +111,23 @@ func (p *podRuntime) run(delay time.Duration) {
 	for _, c := range p.main {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.keepRunning(c) }()
+	}
+}
+
+// adoptRestartCounts carries on the restart counts of the pod's last status: containers that had
+// started once run again, so that is one restart more.
+func (p *podRuntime) adoptRestartCounts() {
+	prev := map[string]corev1.ContainerStatus{}
+	for _, st := range append(append([]corev1.ContainerStatus{}, p.pod.Status.InitContainerStatuses...), p.pod.Status.ContainerStatuses...) {
+		prev[st.Name] = st
+	}
+	for _, c := range append(append([]*containerRuntime{}, p.init...), p.main...) {
+		if st, ok := prev[c.spec.Name]; ok {
+			c.restarts = int(st.RestartCount)
+			if st.State.Running != nil || st.State.Terminated != nil || st.LastTerminationState.Terminated != nil {
+				c.restarts++
+			}
+		}
 	}
 }
 

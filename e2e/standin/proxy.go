@@ -2,6 +2,7 @@ package standin
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/url"
 )
@@ -13,6 +14,7 @@ type forwardProxy struct {
 	caller Caller
 	router *router
 	stats  *stats
+	log    *slog.Logger
 }
 
 func (p *forwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -33,6 +35,7 @@ func (p *forwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				c.Refused++
 			}
 		})
+		p.log.Debug("proxy: no route", "caller", string(p.caller), "host", r.URL.Host, "err", err)
 		http.Error(w, "stand-in proxy: "+err.Error(), http.StatusBadGateway)
 		return
 	}

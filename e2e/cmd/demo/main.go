@@ -388,7 +388,7 @@ func metricsExcerpt(url string) {
 	b, _ := io.ReadAll(resp.Body)
 	fmt.Println("   raysync metrics:")
 	for _, line := range strings.Split(string(b), "\n") {
-		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum"} {
+		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_stale_pods", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum"} {
 			if strings.HasPrefix(line, p) {
 				fmt.Println("     " + line)
 			}

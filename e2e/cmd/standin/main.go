@@ -41,8 +41,13 @@ func main() {
 	flag.DurationVar(&cfg.JobPending, "job-pending", 200*time.Millisecond, "how long a Ray job stays PENDING")
 	flag.DurationVar(&cfg.JobDuration, "job-duration", 2*time.Second, "how long a Ray job runs before it SUCCEEDS")
 	flag.StringVar(&cfg.PrivateRegistry, "private-registry", "registry.example.internal", "registry whose images need pull credentials")
+	verbose := flag.Bool("v", false, "log every request the proxies could not route")
 	flag.Parse()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, cfg, *kubeconfig, *keyFile, map[string]string{"api": *apiAddr, "operator": *operatorProxy, "client": *clientProxy}, log); err != nil {
