@@ -125,14 +125,22 @@ func main() {
 	show(ctx, cp)
 
 	step("7. Rotate the canonical token (what ESO does when Vault rotates it)")
+	fmt.Println("   Ray accepts only the token a process started with, so raysync never changes a running cluster's Secret:")
+	fmt.Println("   it asks KubeRay for a new cluster (the RayService's own zero-downtime upgrade), which starts on the new token")
 	start := time.Now()
 	rotated := newToken()
 	putSource(ctx, cp, rotated)
-	waitCanonical(ctx, cp, green)
-	fmt.Printf("   the cluster's Secret holds the new token %s after the source changed\n", time.Since(start).Round(time.Millisecond))
+	fmt.Println("   (until the new cluster serves, the serving cluster accepts the previous token, as before)")
+	next := waitNewCluster(ctx, cp, green)
+	waitCanonical(ctx, cp, next)
+	waitReady(ctx, cp, next)
+	fmt.Printf("   traffic switched to %s %s after the rotation\n", next, time.Since(start).Round(time.Second))
+	serving(ctx, cp)
+	showProcessTokens(ctx, cp, next, rotated)
+	submitJob(ctx, cp, "new token, on the new cluster", rotated)
+	waitGone(ctx, cp, green)
+	fmt.Printf("   old cluster %s deleted %s after the rotation: the RayService serves on the new token\n", green, time.Since(start).Round(time.Second))
 	show(ctx, cp)
-	fmt.Println("   but a running Ray process keeps the token it started with (raysync reports it: raysync_stale_pods):")
-	submitJob(ctx, cp, "new token on the running cluster", rotated)
 	metricsExcerpt(metricsURL)
 
 	fmt.Printf(`
@@ -388,7 +396,7 @@ func metricsExcerpt(url string) {
 	b, _ := io.ReadAll(resp.Body)
 	fmt.Println("   raysync metrics:")
 	for _, line := range strings.Split(string(b), "\n") {
-		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_stale_pods", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum"} {
+		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_rotation_clusters", "raysync_rotations_performed_total", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum"} {
 			if strings.HasPrefix(line, p) {
 				fmt.Println("     " + line)
 			}
