@@ -55,6 +55,10 @@ func TestSmoke(t *testing.T) {
 	if x := r.Running; x == nil || x.ExternalRequests == 0 || x.OperatorAccepted+x.OperatorRejected == 0 {
 		t.Errorf("rotation with running clusters: %+v (want operator and external requests counted)", x)
 	}
+	if len(r.Fleet) != 1 || !r.Fleet[0].Done || r.Fleet[0].OperatorRejected != 0 || r.Fleet[0].JoinFailures != 0 ||
+		r.Fleet[0].PeakInFlight > r.Fleet[0].Bound {
+		t.Errorf("fleet rotation: %+v (want done, within the bound, nothing refused)", r.Fleet)
+	}
 	e := r.ESO
 	if e == nil || len(e.Rotation) != 3 || len(e.Idle) != 2 || e.Memory.PeakRSSMi <= 0 {
 		t.Fatalf("External Secrets Operator side by side incomplete: %+v", e)

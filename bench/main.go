@@ -47,6 +47,7 @@ type result struct {
 	Smoke    bool                   `json:"smoke"`
 	Race     []raceResult           `json:"new_cluster_race"`
 	Running  *runningRotationResult `json:"running_rotation,omitempty"`
+	Fleet    []fleetResult          `json:"fleet_rotation,omitempty"`
 	Rotation []rotationResult       `json:"rotation"`
 	Idle     *idleResult            `json:"idle,omitempty"`
 	Memory   []memoryResult         `json:"memory"`
@@ -114,7 +115,8 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
-	only := flag.String("scenarios", "race,memory,fanout,eso,running", "which scenarios to run")
+	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet", "which scenarios to run")
+	before := flag.String("before", "77f3cf1", "the raysync commit whose rotation behaviour the fleet scenario compares with (before safe rotation)")
 	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
 	flag.Parse()
 	ns := []int{100, 1000, 5000}
@@ -122,10 +124,12 @@ func main() {
 	esoLimit1h := 2 * time.Minute
 	raceDelays := []time.Duration{0, 100 * time.Millisecond, time.Second}
 	runningServices, runningClusters, runningFor, probeEvery := 10, 10, 5*time.Minute, 10*time.Second
+	fleetN, fleetBounds, fleetLimit := 100, []int{5, 10, 20}, 20*time.Minute
 	if *smoke {
 		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 12*time.Second, 20, 200, 3, 20, 1
 		esoLimit1h = 15 * time.Second
 		runningServices, runningClusters, runningFor, probeEvery = 1, 2, 8*time.Second, 2*time.Second
+		fleetN, fleetBounds, fleetLimit, *before = 3, []int{2}, 3*time.Minute, ""
 	}
 	if *sizes != "" {
 		ns = nil
@@ -156,7 +160,7 @@ func main() {
 	audit, auditFlags := auditArgs(dir)
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
-		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace},
+		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace + "," + fleetNamespace},
 		StandIn:      standIn,
 		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
@@ -178,6 +182,9 @@ func main() {
 	if run["running"] {
 		r := (&bench{cp: cp, bin: bin, ns: runningNamespace}).runningRotation(runningServices, runningClusters, runningFor, probeEvery)
 		res.Running = &r
+	}
+	if run["fleet"] {
+		res.Fleet = (&bench{cp: cp, bin: bin, ns: fleetNamespace}).fleetRotation(fleetN, fleetBounds, *before, fleetLimit)
 	}
 
 	// Memory: peak RSS with N clusters, before and after M unrelated 8 KiB Secrets exist; then ESO at M.
@@ -476,11 +483,14 @@ func startProc(cmd *exec.Cmd, readyURL, logPath string) *proc {
 	return &proc{cmd: cmd}
 }
 
-func (b *bench) startSyncer(scope string) *proc {
+func (b *bench) startSyncer(args ...string) *proc { return b.startSyncerBinary(b.bin, args...) }
+
+// startSyncerBinary runs a raysync binary on b's namespace's source with args (the scope at least).
+func (b *bench) startSyncerBinary(bin string, args ...string) *proc {
 	pp, err := framework.FreePort()
 	check(err)
-	cmd := exec.Command(b.bin, "--kubeconfig="+b.cp.Kubeconfig, "--auth-source="+b.ns+"/ray-token", scope,
-		"--leader-elect=false", "--log-level=warn", "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", pp))
+	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + b.cp.Kubeconfig, "--auth-source=" + b.ns + "/ray-token",
+		"--leader-elect=false", "--log-level=warn", "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", pp)}, args...)...)
 	cmd.Stderr = os.Stderr
 	return startProc(cmd, fmt.Sprintf("http://127.0.0.1:%d/readyz", pp), "")
 }
@@ -526,6 +536,16 @@ func printTable(r result) {
 	}
 	for _, x := range r.Rotation {
 		fmt.Printf("| %d | %.0f ms | %.0f ms | %.0f ms | %d | %.0f ms | %.2fx | %d |\n", x.N, x.P50Ms, x.P99Ms, x.LastMs, x.Writes, x.MinimalLastMs, x.Ratio, x.RotationEvents)
+	}
+	if len(r.Fleet) > 0 {
+		fmt.Println("\n| fleet rotation: RayServices | bound | done | wall time | peak in flight | operator requests rejected | worker join failures |\n|---|---|---|---|---|---|---|")
+	}
+	for _, x := range r.Fleet {
+		bound := fmt.Sprint(x.Bound)
+		if x.Bound == 0 {
+			bound = "before (Secrets written under running clusters)"
+		}
+		fmt.Printf("| %d | %s | %v | %.0f s | %d | %d | %d |\n", x.RayServices, bound, x.Done, x.WallSeconds, x.PeakInFlight, x.OperatorRejected, x.JoinFailures)
 	}
 	if x := r.Idle; x != nil {
 		fmt.Printf("\n| idle, raysync (N = %d, %.0f s) | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|\n", x.N, x.Seconds)

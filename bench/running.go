@@ -98,7 +98,7 @@ func (b *bench) runningRotation(services, clusters int, observe, probeEvery time
 		return true, nil
 	}))
 	fmt.Fprintf(os.Stderr, "bench: running rotation: %d RayServices and %d RayClusters running\n", services, clusters)
-	before := b.clusterStats(heads)
+	before := b.namespaceStats() // every cluster of the namespace, those that replace the running ones too
 
 	changes := b.countRayServiceChanges(ctx)
 	defer changes.stop()
@@ -149,12 +149,12 @@ func (b *bench) runningRotation(services, clusters int, observe, probeEvery time
 		}()
 	}
 	wg.Wait()
-	after := b.clusterStats(heads)
+	after := b.namespaceStats()
 
 	r := runningRotationResult{KubeRay: b.cp.KubeRayVersion, RayServices: services, RayClusters: clusters, ObservedSeconds: time.Since(start).Seconds(),
 		StatusChanges: changes.count(), ExternalRequests: int(requests.Load()), ExternalRejected: int(rejected.Load())}
 	for c, a := range after {
-		p := before[c]
+		p := before[c] // zero for a cluster created during the observation
 		r.OperatorRejected += a.Requests[standin.CallerOperator].Rejected() - p.Requests[standin.CallerOperator].Rejected()
 		r.OperatorAccepted += a.Requests[standin.CallerOperator].Accepted - p.Requests[standin.CallerOperator].Accepted
 		r.JoinFailures += a.JoinFailures - p.JoinFailures
@@ -173,16 +173,6 @@ func (b *bench) runningRotation(services, clusters int, observe, probeEvery time
 	check(b.cp.Dynamic.Resource(rayServiceGVR).Namespace(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
 	check(b.cp.Dynamic.Resource(rcGVR).Namespace(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
 	return r
-}
-
-func (b *bench) clusterStats(clusters map[string]string) map[string]standin.ClusterStats {
-	out := map[string]standin.ClusterStats{}
-	for c := range clusters {
-		st, err := b.cp.Ray.Stats(context.Background(), b.ns, c)
-		check(err)
-		out[c] = st
-	}
-	return out
 }
 
 // statusWatch counts RayService status changes that matter to a user.
