@@ -231,3 +231,57 @@ func TestRayServiceRotationReplaces(t *testing.T) {
 		t.Logf("MEASURE rotation-replace kuberay=%s rotation_to_completed_s=%.1f", env.KubeRayVersion, took.Seconds())
 	})
 }
+
+// TestSharedSecretRotation (KubeRay v1.6+, spec.authOptions.secretName): a managed copy shared by
+// running clusters holds its token and its clusters are held, saying why; a cluster reading the
+// source itself is split by a rotation, reported behind, and moved by its policy.
+func TestSharedSecretRotation(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		if !env.SupportsSecretName() {
+			t.Skip("authOptions.secretName needs KubeRay v1.6+")
+		}
+		env.StandIn()
+		ns, t1 := env.NamespaceWithToken()
+		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		restart := withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})
+		env.CreateRayCluster(rayCluster(ns, "share-a", withSecretName("shared"), restart))
+		env.CreateRayCluster(rayCluster(ns, "share-b", withSecretName("shared"), restart))
+		env.CreateRayCluster(rayCluster(ns, "reads-source", withSecretName("ray-token"), restart))
+		var pods []corev1.Pod
+		for _, c := range []string{"share-a", "share-b", "reads-source"} {
+			pods = append(pods, env.WaitPodsReady(ns, kuberay.ClusterLabel+"="+c, 2, 60*time.Second)...)
+		}
+		shared := env.WaitSecret(ns, "shared", 10*time.Second, holds(t1))
+		env.AssertStartedWith(ns, t1, "share-a", "share-b", "reads-source")
+
+		env.waitForNextSecond(pods)
+		t2 := env.NewToken()
+		rotatedAt := time.Now()
+		env.PutSource(ns, "ray-token", tokenData(t2))
+
+		// The source itself changed under reads-source: its restart moves it onto t2.
+		env.WaitEvent(ns, "reads-source", "RotationCompleted", 120*time.Second)
+		if all, with := env.startsSince(ns, "reads-source", t2, rotatedAt); all == 0 || with != all {
+			t.Errorf("reads-source: %d of %d container starts after the rotation used the new token", with, all)
+		}
+		// The shared copy keeps t1; both clusters are held and say why.
+		env.WaitEventMessage(ns, "share-a", "RotationHeld", 30*time.Second, "shares the managed Secret shared")
+		if cur := env.WaitSecret(ns, "shared", time.Second, nil); cur.ResourceVersion != shared.ResourceVersion {
+			t.Errorf("the shared managed copy was written under running clusters")
+		}
+		out, code := env.status("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		if code != 1 || !regexpLine(out, ns, "share-b", "-", "referenced", "in-sync", "behind") || !strings.Contains(out, "shares the managed Secret shared") {
+			t.Errorf("syncer status: exit %d\n%s", code, out)
+		}
+		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"}, 2, 30*time.Second)
+		for _, c := range []string{"share-a", "share-b"} {
+			st, err := env.StandIn().Stats(env.ctx, ns, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.JoinFailures != 0 {
+				t.Errorf("%s: %d join failures", c, st.JoinFailures)
+			}
+		}
+	})
+}

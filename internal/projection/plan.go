@@ -99,6 +99,9 @@ type ClusterPlan struct {
 	Refused   int
 	// TemplatesInPlace: the cluster's templates carry every entry raysync wants.
 	TemplatesInPlace bool
+	// TargetHoldsCurrent: the Secret the cluster's pods read holds the current token (the source
+	// itself always does), so pods created now start on it.
+	TargetHoldsCurrent bool
 	// SeenDigest is the digest of the token the cluster's target holds, to remember (restores a
 	// deleted target whose running containers hold the current token).
 	SeenDigest string

@@ -76,6 +76,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	case t.IsSource:
 		// raysync writes nothing; containers started before the source last changed hold its old token.
 		p.Status.Token = names.StateInSync
+		p.TargetHoldsCurrent = true
 		if !holdsToken(src.secret, src.value) {
 			p.Status.Token = names.StateOutOfSync
 			p.warnOnce(in, names.ReasonSourceKeyMismatch, fmt.Sprintf(
@@ -109,6 +110,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	case holdsToken(cur, src.value):
 		p.Status.Token = names.StateInSync
 		p.Unchanged = true
+		p.TargetHoldsCurrent = true
 		p.SeenDigest = src.digest
 		if t.Mode == Referenced && !copyMetaCurrent(cur, cfg.Source, names.KindAuthToken) {
 			// A copy of an earlier source already holding the token: only raysync's annotations change.

@@ -248,7 +248,7 @@ func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
 	m := u.members[0]
 	rc := m.in.Cluster
 	suspend, _, _ := unstructured.NestedBool(rc.Object, "spec", "suspend")
-	holds := m.in.Target != nil && holdsToken(m.in.Target, m.in.Sources.token.value)
+	holds := m.plan.TargetHoldsCurrent
 	state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
 	switch {
 	case suspend && len(m.in.Pods) == 0 && holds:
