@@ -46,7 +46,7 @@ type result struct {
 	CPUs     int                    `json:"cpus"`
 	Smoke    bool                   `json:"smoke"`
 	Race     []raceResult           `json:"new_cluster_race"`
-	Running  *runningRotationResult `json:"running_rotation,omitempty"`
+	Running  []runningRotationResult `json:"running_rotation,omitempty"`
 	Fleet    []fleetResult          `json:"fleet_rotation,omitempty"`
 	Rotation []rotationResult       `json:"rotation"`
 	Idle     *idleResult            `json:"idle,omitempty"`
@@ -180,8 +180,13 @@ func main() {
 		}
 	}
 	if run["running"] {
-		r := (&bench{cp: cp, bin: bin, ns: runningNamespace}).runningRotation(runningServices, runningClusters, runningFor, probeEvery)
-		res.Running = &r
+		policies := []string{"hold", "restart"} // the default for standalone clusters, and the opt-in
+		if *smoke {
+			policies = policies[:1]
+		}
+		for _, p := range policies {
+			res.Running = append(res.Running, (&bench{cp: cp, bin: bin, ns: runningNamespace}).runningRotation(runningServices, runningClusters, runningFor, probeEvery, p))
+		}
 	}
 	if run["fleet"] {
 		res.Fleet = (&bench{cp: cp, bin: bin, ns: fleetNamespace}).fleetRotation(fleetN, fleetBounds, *before, fleetLimit)
@@ -522,8 +527,9 @@ func printTable(r result) {
 	for _, x := range r.Race {
 		fmt.Printf("| %d ms | %.1f / %.1f / %.1f ms | %d / %d | %d | %d | %d | %d |\n", x.StartDelayMs, x.P50Ms, x.P99Ms, x.MaxMs, x.RaysyncFirst, x.KubeRayFirst, x.ContainerStarts, x.NonCanonical, x.ClustersAffected, x.JoinFailures)
 	}
-	if x := r.Running; x != nil {
-		fmt.Printf("\n| rotation with running clusters (KubeRay %s, %d RayServices + %d RayClusters, %.0f s) | count |\n|---|---|\n", x.KubeRay, x.RayServices, x.RayClusters, x.ObservedSeconds)
+	for _, x := range r.Running {
+		fmt.Printf("\n| rotation with running clusters (KubeRay %s, %d RayServices replaced + %d RayClusters %s, %.0f s) | count |\n|---|---|\n",
+			x.KubeRay, x.RayServices, x.RayClusters, x.RayClusterPolicy, x.ObservedSeconds)
 		fmt.Printf("| operator requests rejected by a cluster (accepted) | %d (%d) |\n", x.OperatorRejected, x.OperatorAccepted)
 		fmt.Printf("| worker GCS join failures (container restarts) | %d (%d) |\n", x.JoinFailures, x.Restarts)
 		fmt.Printf("| RayService status changes | %d |\n", x.StatusChanges)

@@ -28,10 +28,12 @@ const runningNamespace = "running"
 
 var rayServiceGVR = rcGVR.GroupVersion().WithResource("rayservices")
 
-// runningRotationResult is today's rotation with running clusters: what a canonical-token
-// rotation does to RayServices and RayClusters that are already running (see RELIABILITY.md).
+// runningRotationResult is a rotation with running clusters: what a canonical-token rotation does
+// to RayServices and RayClusters that are already running (see RELIABILITY.md).
 type runningRotationResult struct {
 	KubeRay         string  `json:"kuberay"`
+	// RayClusterPolicy is the standalone clusters' rotation policy ("" for a raysync without one).
+	RayClusterPolicy string `json:"raycluster_policy,omitempty"`
 	RayServices     int     `json:"rayservices"`
 	RayClusters     int     `json:"rayclusters"`
 	ObservedSeconds float64 `json:"observed_s"`
@@ -53,14 +55,15 @@ type runningRotationResult struct {
 	NewWorkersNotReady int `json:"new_workers_not_ready"`
 }
 
-// runningRotation measures today's rotation with running clusters: services RayServices and
-// clusters RayClusters (each with a worker) run on the canonical token; the token rotates; one
-// RayCluster scales up and one worker restarts; then, for observe, external clients send requests
-// with the new token while the stand-in counts what the Ray processes refused.
-func (b *bench) runningRotation(services, clusters int, observe, probeEvery time.Duration) runningRotationResult {
+// runningRotation measures a rotation with running clusters: services RayServices and clusters
+// RayClusters (each with a worker) run on the canonical token; the token rotates; one RayCluster
+// scales up and one worker restarts; then, for observe, external clients send requests with the new
+// token while the stand-in counts what the Ray processes refused. policy is the standalone clusters'
+// rotation policy (RayServices are replaced).
+func (b *bench) runningRotation(services, clusters int, observe, probeEvery time.Duration, policy string) runningRotationResult {
 	ctx := context.Background()
 	b.setup(0)
-	s := b.startSyncer("--namespaces=" + b.ns)
+	s := b.startSyncer("--namespaces="+b.ns, "--rotation-policy-raycluster="+policy)
 	defer s.stop()
 	for i := range services {
 		_, err := b.cp.Dynamic.Resource(rayServiceGVR).Namespace(b.ns).Create(ctx, rayService(b.ns, fmt.Sprintf("rs-%02d", i)), metav1.CreateOptions{})
@@ -151,7 +154,7 @@ func (b *bench) runningRotation(services, clusters int, observe, probeEvery time
 	wg.Wait()
 	after := b.namespaceStats()
 
-	r := runningRotationResult{KubeRay: b.cp.KubeRayVersion, RayServices: services, RayClusters: clusters, ObservedSeconds: time.Since(start).Seconds(),
+	r := runningRotationResult{KubeRay: b.cp.KubeRayVersion, RayClusterPolicy: policy, RayServices: services, RayClusters: clusters, ObservedSeconds: time.Since(start).Seconds(),
 		StatusChanges: changes.count(), ExternalRequests: int(requests.Load()), ExternalRejected: int(rejected.Load())}
 	for c, a := range after {
 		p := before[c] // zero for a cluster created during the observation

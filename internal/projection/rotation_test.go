@@ -51,7 +51,9 @@ func rayService(name string, opts ...func(*unstructured.Unstructured)) *unstruct
 	return rs
 }
 
-func owner(o *unstructured.Unstructured) func(*ClusterInput) { return func(in *ClusterInput) { in.Owner = o } }
+func owner(o *unstructured.Unstructured) func(*ClusterInput) {
+	return func(in *ClusterInput) { in.Owner = o }
+}
 
 func annotated(k, v string) func(*unstructured.Unstructured) {
 	return func(u *unstructured.Unstructured) {
@@ -118,13 +120,13 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenBlocked, wantPolicy: names.PolicyRestart, wantTarget: names.StateInSync,
 		},
 		"a managed copy shared by its clusters: held, and why": {
-			rc:   rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}), annotated(names.RotationAnnotation, "restart")),
-			opts: []func(*ClusterInput){target(secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)), pods(running)},
+			rc:        rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}), annotated(names.RotationAnnotation, "restart")),
+			opts:      []func(*ClusterInput){target(secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)), pods(running)},
 			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
 			wantHeld: "it shares the managed Secret shared, which holds one token for every cluster naming it",
 		},
 		"reading the source itself, started before it changed: behind": {
-			rc: rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "ray-token"}), func(u *unstructured.Unstructured) { u.SetNamespace(tokenSrc.Namespace) }),
+			rc:   rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "ray-token"}), func(u *unstructured.Unstructured) { u.SetNamespace(tokenSrc.Namespace) }),
 			opts: []func(*ClusterInput){pods(running)}, wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
 		},
 		"reading the source itself, started after it changed: current": {

@@ -1,11 +1,9 @@
 package projection
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,21 +18,6 @@ import (
 // or are reported blocked, never more than RotationOptions.MaxConcurrent in flight. Its state lives in
 // the objects it acts on (annotations, spec.suspend), so a restarted raysync or a new leader resumes
 // where the last one was.
-
-// PatchRotation starts, advances or finishes a replacement or a restart.
-type PatchRotation struct {
-	// Kind is "RayService" (Patch is a server-side apply configuration with raysync's field manager,
-	// so GitOps tools applying the rest of the object leave it alone) or "RayCluster" (a JSON merge
-	// patch carrying the cluster's resourceVersion).
-	Kind, Namespace, Name string
-	Patch                 []byte
-	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
-	Starts string
-	// Completes is how long the rotation it completes took (0: it completes none).
-	Completes time.Duration
-}
-
-func (PatchRotation) isAction() {}
 
 // unit is what one replacement or restart acts on, and the clusters it moves.
 type unit struct {
@@ -210,33 +193,6 @@ func pendingCluster(rs *unstructured.Unstructured) string {
 	return v
 }
 
-// startActions starts a replacement or a restart and says so on the objects people look at.
-func startActions(u *unit, cur rotation, now time.Time) []Action {
-	stamp := now.UTC().Format(time.RFC3339)
-	var acts []Action
-	var msg string
-	if u.action == names.PolicyReplace {
-		// Each replacement writes a new value: a cluster replaced for a rotation that did not start on
-		// it (raysync was down when it started) is replaced again, and only a change starts KubeRay's.
-		id := fmt.Sprintf("%s-%d", cur.Name(), now.Unix())
-		acts = append(acts, PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyReplace,
-			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, id)})
-		msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; traffic switches when it is ready", memberNames(u), cur.Name())
-	} else {
-		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyRestart,
-			Patch: mergePatch(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name(),
-				names.RotateAnnotation: nil}, map[string]any{"suspend": true})})
-		msg = fmt.Sprintf("restarting the whole cluster on rotation %s of the canonical token: every pod stops, then all start with the new token", cur.Name())
-	}
-	for _, m := range u.members {
-		if u.action == names.PolicyReplace && metaString(m.in.Cluster, "annotations", names.RotateAnnotation) != "" {
-			acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: m.in.Cluster.GetNamespace(), Name: m.in.Cluster.GetName(),
-				Patch: mergePatch(m.in.Cluster, map[string]any{names.RotateAnnotation: nil}, nil)})
-		}
-	}
-	return append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationStarted, msg)...)
-}
-
 // advance moves a rotation in flight on, and finishes it when it is done.
 func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
 	if u.kind == "RayService" {
@@ -290,48 +246,6 @@ func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
 		fmt.Sprintf("serving from RayCluster %s on the current canonical token; the replacement took %s", active, took.Round(time.Second)))...)
 }
 
-func blockActions(u *unit, now time.Time, age time.Duration) []Action {
-	stamp := now.UTC().Format(time.RFC3339)
-	var patch PatchRotation
-	if u.kind == "RayService" {
-		patch = PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
-			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: metaString(u.obj, "annotations", names.RotationStartedAnnotation),
-				names.RotationTargetAnnotation: metaString(u.obj, "annotations", names.RotationTargetAnnotation), names.RotationBlockedAnnotation: stamp},
-				rotationID(u.obj))}
-	} else {
-		patch = PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
-			Patch: mergePatch(u.obj, map[string]any{names.RotationBlockedAnnotation: stamp}, nil)}
-	}
-	return append([]Action{patch}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationBlocked,
-		fmt.Sprintf("the %s started %s ago has not completed: no further cluster starts rotating until it completes or is deleted", verbOf(u), age.Round(time.Second)))...)
-}
-
-func verbOf(u *unit) string {
-	if u.kind == "RayService" {
-		return "replacement"
-	}
-	return "restart"
-}
-
-// unitEvents records an Event on the unit's object and, for a RayService, on its clusters.
-func unitEvents(u *unit, typ, reason, msg string) []Action {
-	acts := []Action{RecordEvent{Object: u.obj, Type: typ, Reason: reason, Message: msg}}
-	if u.kind == "RayService" {
-		for _, m := range u.members {
-			acts = append(acts, RecordEvent{Object: m.in.Cluster, Type: typ, Reason: reason, Message: msg})
-		}
-	}
-	return acts
-}
-
-func memberNames(u *unit) string {
-	var n []string
-	for _, m := range u.members {
-		n = append(n, m.in.Cluster.GetName())
-	}
-	return strings.Join(n, ", ")
-}
-
 // restartedSince: every pod of the cluster was created after the restart began.
 func restartedSince(pods []*corev1.Pod, started time.Time) bool {
 	return len(pods) > 0 && !slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
@@ -348,45 +262,6 @@ func headReady(pods []*corev1.Pod) bool {
 			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
 		})
 	})
-}
-
-// rotationID reads the rotation value raysync last wrote into a RayService's head pod template: raysync
-// keeps owning it with the same value (a different one would start another upgrade).
-func rotationID(rs *unstructured.Unstructured) string {
-	v, _, _ := unstructured.NestedString(rs.Object, "spec", "rayClusterConfig", "headGroupSpec", "template", "metadata", "annotations", names.RotationIDAnnotation)
-	return v
-}
-
-// rayServiceApply is the server-side apply configuration raysync owns on a RayService: its metadata
-// annotations (nil: none, which gives them up) and, when rotationID is set, the rotation number in the
-// head pod template, whose change is what makes KubeRay start a new cluster.
-func rayServiceApply(rs *unstructured.Unstructured, annotations map[string]any, rotationID string) []byte {
-	obj := map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
-		"metadata": map[string]any{"name": rs.GetName(), "namespace": rs.GetNamespace()}}
-	if len(annotations) > 0 {
-		obj["metadata"].(map[string]any)["annotations"] = annotations
-	}
-	if rotationID != "" {
-		obj["spec"] = map[string]any{"rayClusterConfig": map[string]any{"headGroupSpec": map[string]any{"template": map[string]any{
-			"metadata": map[string]any{"annotations": map[string]any{names.RotationIDAnnotation: rotationID}}}}}}
-	}
-	b, _ := json.Marshal(obj)
-	return b
-}
-
-// mergePatch is a JSON merge patch of annotations and spec fields (nil values delete), with the
-// object's resourceVersion as precondition.
-func mergePatch(obj *unstructured.Unstructured, annotations, spec map[string]any) []byte {
-	meta := map[string]any{"resourceVersion": obj.GetResourceVersion()}
-	if len(annotations) > 0 {
-		meta["annotations"] = annotations
-	}
-	p := map[string]any{"metadata": meta}
-	if len(spec) > 0 {
-		p["spec"] = spec
-	}
-	b, _ := json.Marshal(p)
-	return b
 }
 
 func minPositive(a, b time.Duration) time.Duration {

@@ -81,7 +81,9 @@ func TestPlanWave(t *testing.T) {
 			want: []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
 		},
 		"started by this process, not yet in the caches: counts": {
-			views:    func() []clusterView { return []clusterView{view(t, cfg, restartCluster("c2"), false), view(t, cfg, restartCluster("c3"), false)} },
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c2"), false), view(t, cfg, restartCluster("c3"), false)}
+			},
 			expected: map[string]bool{"RayCluster/ray/c1": true},
 			want:     []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
 		},
@@ -146,7 +148,9 @@ func TestPlanWave(t *testing.T) {
 			views: func() []clusterView {
 				rs := rayService("svc", started(3*time.Minute), annotated(names.RotationTargetAnnotation, "7"),
 					setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
-				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) { u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute))) })
+				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) {
+					u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute)))
+				})
 				return []clusterView{view(t, cfg, b, true, owner(rs))}
 			},
 			want: []string{"complete RayService svc", "event RotationCompleted svc", "event RotationCompleted svc-b"},
@@ -154,7 +158,9 @@ func TestPlanWave(t *testing.T) {
 		"replacement: the old cluster still there: not yet": {
 			views: func() []clusterView {
 				rs := rayService("svc", started(3*time.Minute), setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
-				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) { u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute))) })
+				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) {
+					u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute)))
+				})
 				return []clusterView{view(t, cfg, rayCluster("svc-a", ofRayService("svc")), false, owner(rs)), view(t, cfg, b, true, owner(rs))}
 			},
 			inFlight: 1,
