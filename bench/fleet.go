@@ -34,8 +34,9 @@ type fleetResult struct {
 }
 
 // fleetRotation creates n RayServices on the canonical token, then rotates it once per bound with raysync
-// at that bound, and once with the raysync of beforeRev (the previous behaviour), each measured until
-// every RayService serves from a cluster started on the new token or limit passes.
+// at that bound, each measured until every RayService serves from a cluster started on the new token
+// (or limit passes), and once with the raysync of beforeRev (the previous behaviour), observed as
+// long as the first wave took.
 func (b *bench) fleetRotation(n int, bounds []int, beforeRev string, limit time.Duration) []fleetResult {
 	ctx := context.Background()
 	b.setup(0)
@@ -52,7 +53,7 @@ func (b *bench) fleetRotation(n int, bounds []int, beforeRev string, limit time.
 	s.stop()
 
 	var out []fleetResult
-	run := func(bin string, bound int) {
+	run := func(bin string, bound int, limit time.Duration) {
 		args := []string{"--namespaces=" + b.ns} // the previous raysync knows no rotation flags
 		if bound > 0 {
 			args = append(args, "--rotation-ledger="+b.ns+"/raysync-rotations", fmt.Sprintf("--max-concurrent-rotations=%d", bound))
@@ -77,10 +78,11 @@ func (b *bench) fleetRotation(n int, bounds []int, beforeRev string, limit time.
 		}
 	}
 	for _, bound := range bounds {
-		run(b.bin, bound)
+		run(b.bin, bound, limit)
 	}
-	if beforeRev != "" {
-		run(buildSyncerAt(beforeRev), 0)
+	if beforeRev != "" && len(out) > 0 {
+		// The previous behaviour never completes: observe it as long as the first wave took.
+		run(buildSyncerAt(beforeRev), 0, time.Duration(out[0].WallSeconds*float64(time.Second)))
 	}
 	check(b.cp.Dynamic.Resource(rayServiceGVR).Namespace(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
 	return out
