@@ -116,6 +116,7 @@ func main() {
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
 	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet", "which scenarios to run")
+	runningPolicies := flag.String("running-policies", "hold,restart", "standalone clusters' rotation policies the running scenario measures, one run each")
 	before := flag.String("before", "77f3cf1", "the raysync commit whose rotation behaviour the fleet scenario compares with (before safe rotation)")
 	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
 	flag.Parse()
@@ -160,7 +161,7 @@ func main() {
 	audit, auditFlags := auditArgs(dir)
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
-		OperatorArgs: []string{"--watch-namespace=" + raceNamespace + "," + runningNamespace + "," + fleetNamespace},
+		OperatorArgs: []string{"--watch-namespace=" + strings.Join([]string{raceNamespace, runningNamespace, runningNamespace + "-restart", fleetNamespace}, ",")},
 		StandIn:      standIn,
 		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
@@ -180,12 +181,16 @@ func main() {
 		}
 	}
 	if run["running"] {
-		policies := []string{"hold", "restart"} // the default for standalone clusters, and the opt-in
+		policies := strings.Split(*runningPolicies, ",")
 		if *smoke {
 			policies = policies[:1]
 		}
 		for _, p := range policies {
-			res.Running = append(res.Running, (&bench{cp: cp, bin: bin, ns: runningNamespace}).runningRotation(runningServices, runningClusters, runningFor, probeEvery, p))
+			ns := runningNamespace // one namespace per run, each watched by the operator
+			if p != "hold" {
+				ns += "-" + p
+			}
+			res.Running = append(res.Running, (&bench{cp: cp, bin: bin, ns: ns}).runningRotation(runningServices, runningClusters, runningFor, probeEvery, p))
 		}
 	}
 	if run["fleet"] {
