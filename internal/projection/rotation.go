@@ -94,8 +94,6 @@ func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent boo
 	cur := in.Sources.rotation
 	inFlight := startedAt(r.Unit)
 	switch {
-	case !anyStarted(in.Pods) && inFlight.IsZero():
-		r.State = names.TokenCurrent // not running: it gets the current token at once
 	case !inFlight.IsZero() && !(r.Policy == names.PolicyReplace && holdsCurrent):
 		r.State, r.Since = names.TokenRotating, inFlight
 		if cfg.Rotation.Timeout > 0 && in.Now.Sub(inFlight) > cfg.Rotation.Timeout {

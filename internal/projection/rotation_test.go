@@ -66,6 +66,21 @@ func annotated(k, v string) func(*unstructured.Unstructured) {
 	}
 }
 
+func onNode(p *corev1.Pod) { p.Spec.NodeName = "node-1" }
+
+func pulling(p *corev1.Pod) {
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "ray-worker",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff"}}}}
+}
+
+// kuberaysOld and kuberaysNew are KubeRay's generated Secret, created 10 s and 100 ms before planNow.
+func kuberaysOld() *corev1.Secret { return kuberaysAt(planNow.Add(-10 * time.Second)) }
+func kuberaysNew() *corev1.Secret { return kuberaysAt(planNow.Add(-100 * time.Millisecond)) }
+
+func kuberaysAt(t time.Time) *corev1.Secret {
+	return secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"), func(s *corev1.Secret) { s.CreationTimestamp = metav1.NewTime(t) })
+}
+
 func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 	cfg := Config{Source: tokenSrc}
 	old := func() *corev1.Secret {
@@ -88,6 +103,18 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		},
 		"no container started: the new token at once": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(rayPod("c1-head", "c1"))},
+			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"KubeRay's token for seconds, pods on a node the kubelet has said nothing of: may have been read, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysOld()), pods(rayPod("c1-head", "c1", onNode))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"KubeRay's token for seconds, every container still pulling its image: written": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysOld()), pods(rayPod("c1-head", "c1", onNode, pulling))},
+			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"KubeRay's token just created, pod on a node: written (the new-cluster race)": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysNew()), pods(rayPod("c1-head", "c1", onNode))},
 			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
 		},
 		"Secret deleted under containers raysync saw on the current token: restored": {

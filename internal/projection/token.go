@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -126,6 +127,12 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
 			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
 		p.rotation(in, cfg, t, true)
+	case !started && mayHaveBeenRead(cur, in.Pods, in.Now):
+		// KubeRay's token, there long enough for a kubelet that already has the pods to have started a
+		// container on it before the pod's status says so (raysync was down, or is just starting):
+		// writing now could split the cluster. It is behind; its policy moves it as a whole.
+		p.Status.Token = names.StateInSync
+		p.rotation(in, cfg, t, false)
 	case !started:
 		p.Status.Token = names.StateOutOfSync
 		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
@@ -143,6 +150,28 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.SeenDigest = tokenDigest(cur.Data[kuberay.AuthTokenKey])
 		p.rotation(in, cfg, t, false)
 	}
+}
+
+// readWindow: KubeRay creates a cluster's Secret and pods in one pass, and raysync replaces its token
+// within milliseconds; a kubelet takes longer than this to start a container of a pod it was just
+// given. A KubeRay token older than this, in a cluster whose pods are on a node, may have been read.
+const readWindow = 2 * time.Second
+
+// mayHaveBeenRead reports whether containers may have started on a Secret raysync did not write
+// although no pod's status says so yet: a pod on a node whose kubelet has not said that every container
+// still waits for something that comes before the env is read (the image, or the env itself).
+func mayHaveBeenRead(s *corev1.Secret, pods []*corev1.Pod, now time.Time) bool {
+	if s.Annotations[names.TokenSHA256Annotation] != "" || now.Sub(s.CreationTimestamp.Time) < readWindow {
+		return false
+	}
+	beforeEnv := func(cs corev1.ContainerStatus) bool {
+		w := cs.State.Waiting
+		return w != nil && slices.Contains([]string{"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}, w.Reason)
+	}
+	return slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
+		all := append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...)
+		return p.Spec.NodeName != "" && (len(all) == 0 || !slices.ContainsFunc(all, beforeEnv))
+	})
 }
 
 func projectedMessage(source types.NamespacedName) string {
