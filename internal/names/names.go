@@ -133,6 +133,7 @@ const (
 	ReasonRotationStarted       = "RotationStarted"
 	ReasonRotationCompleted     = "RotationCompleted"
 	ReasonRotationBlocked       = "RotationBlocked"
+	ReasonRotationRetried       = "RotationRetried"
 	ReasonRotationHeld          = "RotationHeld"
 	ReasonTokenRestored         = "TokenRestored"
 )

@@ -95,6 +95,8 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	if !c.caches.WaitForSync(ctx.Done()) {
 		return errors.New("caches did not sync")
 	}
+	// A Secret created before now arrived unseen: raysync cannot tell it was not read (mayHaveBeenRead).
+	c.gather.watchingSince.Store(c.now().UnixNano())
 	c.log.Info("starting workers", zap.Int("workers", workers))
 	var wg sync.WaitGroup
 	for range workers {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
 )
@@ -383,5 +384,46 @@ func TestTargetVanishingMidReconcileIsNotAnError(t *testing.T) {
 	h.sync(t, "c1") // fails the test if syncCluster returns an error
 	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != 0 {
 		t.Errorf("counted as error: %v", v)
+	}
+}
+
+// A raysync (re)started after KubeRay created a cluster's Secret did not see it arrive: however young
+// the Secret, once a pod is on a node a kubelet may have started a container on it, so raysync leaves
+// it alone (the cluster is behind). A Secret created after raysync began watching is written at once.
+func TestSecretCreatedBeforeRaysyncWatchedIsLeftAlone(t *testing.T) {
+	young := func(name string) *corev1.Secret {
+		return secret(ns, name, map[string]string{"auth_token": oldToken}, ownedBy(name),
+			func(s *corev1.Secret) { s.CreationTimestamp = metav1.NewTime(time.Now()) })
+	}
+	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")},
+		sourceSecret(token), young("c1"), rayPod("c1-head", "c1", onNode))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = h.ctrl.Run(ctx, 1) }()
+	for i := 0; h.ctrl.gather.watchingSince.Load() == 0 && i < 1000; i++ {
+		time.Sleep(time.Millisecond) // until Run has synced and started its workers
+	}
+	time.Sleep(1100 * time.Millisecond) // creationTimestamp has whole seconds
+	if _, err := h.kube.CoreV1().Secrets(ns).Create(ctx, young("c2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.kube.CoreV1().Pods(ns).Create(ctx, rayPod("c2-head", "c2", onNode), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.dyn.Resource(rayClusterGVR).Namespace(ns).Create(ctx, rayCluster("c2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ctrl.syncCluster(ctx, informer.Key{Kind: informer.ClusterKey, Namespace: ns, Name: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for string(h.secret(t, "c2").Data["auth_token"]) != token && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // the worker writes it
+	}
+	if got := string(h.secret(t, "c1").Data["auth_token"]); got != oldToken {
+		t.Error("overwrote the Secret of a cluster whose pods were on a node before raysync was watching")
+	}
+	if got := string(h.secret(t, "c2").Data["auth_token"]); got != token {
+		t.Error("left KubeRay's token in a Secret raysync saw arrive")
 	}
 }

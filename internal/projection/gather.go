@@ -2,6 +2,7 @@ package projection
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +21,9 @@ type gatherer struct {
 	cfg    Config
 	memory *memory
 	lookup func(ns, name string) *corev1.Secret
+	// watchingSince (Unix nanoseconds) is when the controller began acting on the caches; 0 for a
+	// one-shot report, which writes nothing.
+	watchingSince atomic.Int64
 }
 
 // views gathers and plans every cluster in scope, those being deleted included (a replacement is
@@ -51,6 +55,9 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 	ns, name := rc.GetNamespace(), rc.GetName()
 	in := &ClusterInput{Cluster: rc, Sources: sources, Pods: g.caches.Pods(ns, name), Now: now,
 		Memory: g.memory.of(clusterKey(ns, name), rc.GetUID())}
+	if since := g.watchingSince.Load(); since != 0 {
+		in.WatchingSince = time.Unix(0, since)
+	}
 	switch owner := metaString(rc, "labels", kuberay.OriginatedFromNameLabel); ownerKind(rc) {
 	case "RayService":
 		in.Owner, _ = g.caches.RayService(ns, owner)

@@ -80,6 +80,9 @@ type ClusterInput struct {
 	Pods   []*corev1.Pod
 	Memory clusterMemory
 	Now    time.Time
+	// WatchingSince is when this process began acting on its caches: a Secret created before then
+	// arrived while nobody was watching, and may have been read before raysync saw it.
+	WatchingSince time.Time
 	// Owner is the cluster's RayService or RayJob as cached (nil for a standalone cluster).
 	Owner *unstructured.Unstructured
 	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.

@@ -46,6 +46,8 @@ type tokenRotation struct {
 	Held string
 	// Unit is what moves the cluster: its RayService (replace) or itself (restart).
 	Unit *unstructured.Unstructured
+	// Current: the cluster's containers hold (or will start with) the current token.
+	Current bool
 }
 
 // ownerKind is "RayService", "RayJob" or "" (standalone).
@@ -85,7 +87,7 @@ func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, he
 // classifyToken says where a cluster whose target holds (or, reading the source itself, was started
 // with) the token it has stands against the current rotation.
 func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) tokenRotation {
-	r := tokenRotation{}
+	r := tokenRotation{Current: holdsCurrent}
 	r.Policy, r.Held = policyOf(in, cfg.Rotation, t)
 	r.Unit = in.Cluster
 	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == "RayService" && !startedAt(in.Owner).IsZero()) {

@@ -68,6 +68,11 @@ func annotated(k, v string) func(*unstructured.Unstructured) {
 
 func onNode(p *corev1.Pod) { p.Spec.NodeName = "node-1" }
 
+// watchingSince: raysync began acting on its caches at t.
+func watchingSince(t time.Time) func(*ClusterInput) {
+	return func(in *ClusterInput) { in.WatchingSince = t }
+}
+
 func pulling(p *corev1.Pod) {
 	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "ray-worker",
 		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff"}}}}
@@ -116,6 +121,18 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		"KubeRay's token just created, pod on a node: written (the new-cluster race)": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysNew()), pods(rayPod("c1-head", "c1", onNode))},
 			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"KubeRay's token just created, but before raysync was watching, pod on a node: may have been read, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysNew()), pods(rayPod("c1-head", "c1", onNode)), watchingSince(planNow.Add(-50 * time.Millisecond))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"KubeRay's token from before raysync was watching, no pod on a node: written": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysNew()), pods(rayPod("c1-head", "c1")), watchingSince(planNow)},
+			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"an earlier canonical token, pod on a node the kubelet has said nothing of: may have been read, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(rayPod("c1-head", "c1", onNode))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
 		},
 		"Secret deleted under containers raysync saw on the current token: restored": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},

@@ -127,10 +127,11 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
 			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
 		p.rotation(in, cfg, t, true)
-	case !started && mayHaveBeenRead(cur, in.Pods, in.Now):
-		// KubeRay's token, there long enough for a kubelet that already has the pods to have started a
-		// container on it before the pod's status says so (raysync was down, or is just starting):
-		// writing now could split the cluster. It is behind; its policy moves it as a whole.
+	case !started && mayHaveBeenRead(cur, in.Pods, in.Now, in.WatchingSince):
+		// A kubelet that has the pods may have started a container on this token before the pod's
+		// status says so (raysync was down when KubeRay created it, or the cluster was starting when
+		// the source rotated): writing now could split the cluster. It is behind; its policy moves it
+		// as a whole.
 		p.Status.Token = names.StateInSync
 		p.rotation(in, cfg, t, false)
 	case !started:
@@ -152,16 +153,19 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	}
 }
 
-// readWindow: KubeRay creates a cluster's Secret and pods in one pass, and raysync replaces its token
-// within milliseconds; a kubelet takes longer than this to start a container of a pod it was just
-// given. A KubeRay token older than this, in a cluster whose pods are on a node, may have been read.
+// readWindow: KubeRay creates a cluster's Secret and pods in one pass, and raysync, watching, replaces
+// its token within milliseconds; a kubelet takes longer than this to start a container of a pod it was
+// just given. (creationTimestamp has whole seconds, so the window is 1-2 s of real age.)
 const readWindow = 2 * time.Second
 
-// mayHaveBeenRead reports whether containers may have started on a Secret raysync did not write
-// although no pod's status says so yet: a pod on a node whose kubelet has not said that every container
+// mayHaveBeenRead reports whether containers may have started on s although no pod's status says so
+// yet: a kubelet reads the env before it reports the container started. Only a Secret of KubeRay's that
+// raysync saw arrive (created after watchingSince) and that is younger than readWindow is known unread;
+// otherwise a pod on a node may already run on it, unless its kubelet has said that every container
 // still waits for something that comes before the env is read (the image, or the env itself).
-func mayHaveBeenRead(s *corev1.Secret, pods []*corev1.Pod, now time.Time) bool {
-	if s.Annotations[names.TokenSHA256Annotation] != "" || now.Sub(s.CreationTimestamp.Time) < readWindow {
+func mayHaveBeenRead(s *corev1.Secret, pods []*corev1.Pod, now, watchingSince time.Time) bool {
+	created := s.CreationTimestamp.Time
+	if s.Annotations[names.TokenSHA256Annotation] == "" && !created.Before(watchingSince) && now.Sub(created) < readWindow {
 		return false
 	}
 	beforeEnv := func(cs corev1.ContainerStatus) bool {

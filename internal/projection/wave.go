@@ -239,6 +239,15 @@ func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
 	if len(u.members) == 0 {
 		return false, nil
 	}
+	for _, m := range u.members {
+		if !m.plan.Rotation.Current {
+			// The new cluster started on another token (raysync was not watching when it was born): this
+			// replacement is over and did not move the RayService, which is behind; its policy moves it again.
+			acts := []Action{PatchRotation{Kind: "RayService", Namespace: rs.GetNamespace(), Name: rs.GetName(), Patch: rayServiceApply(rs, nil, rotationID(rs))}}
+			return true, append(acts, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationRetried,
+				fmt.Sprintf("new RayCluster %s started on a token other than the canonical one (raysync was not watching when it was created): this replacement did not move the RayService, which stays behind until it is replaced again", active))...)
+		}
+	}
 	took := now.Sub(started)
 	acts := []Action{PatchRotation{Kind: "RayService", Namespace: rs.GetNamespace(), Name: rs.GetName(), Completes: took,
 		Patch: rayServiceApply(rs, nil, rotationID(rs))}}

@@ -155,6 +155,28 @@ func TestPlanWave(t *testing.T) {
 			},
 			want: []string{"complete RayService svc", "event RotationCompleted svc", "event RotationCompleted svc-b"},
 		},
+		"replacement: serving from a new cluster that started on another token: over, not completed": {
+			views: func() []clusterView {
+				rs := rayService("svc", started(3*time.Minute), annotated(names.RotationTargetAnnotation, "7"),
+					setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
+				b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) {
+					u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute)))
+				})
+				return []clusterView{view(t, cfg, b, false, owner(rs))}
+			},
+			want: []string{"patch RayService svc", "event RotationRetried svc", "event RotationRetried svc-b"},
+		},
+		"replacement `syncer rotate` asked for, of a held RayService's cluster: complete": {
+			views: func() []clusterView {
+				rs := rayService("svc", started(3*time.Minute), annotated(names.RotationTargetAnnotation, "7"),
+					setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
+				b := rayCluster("svc-b", ofRayService("svc"), annotated(names.RotationAnnotation, names.PolicyHold), func(u *unstructured.Unstructured) {
+					u.SetCreationTimestamp(metav1.NewTime(planNow.Add(-2 * time.Minute)))
+				})
+				return []clusterView{view(t, cfg, b, true, owner(rs))}
+			},
+			want: []string{"complete RayService svc", "event RotationCompleted svc", "event RotationCompleted svc-b"},
+		},
 		"replacement: the old cluster still there: not yet": {
 			views: func() []clusterView {
 				rs := rayService("svc", started(3*time.Minute), setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"))
