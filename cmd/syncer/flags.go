@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path"
 	"strings"
@@ -54,6 +55,20 @@ type config struct {
 	rotationPolicies      map[string]string
 	maxConcurrentRotation int
 	rotationTimeout       time.Duration
+
+	noPrecreate bool
+	webhook     webhookConfig
+}
+
+// webhookConfig is the admission webhook's part of the command line (addr "": no webhook).
+type webhookConfig struct {
+	addr          string
+	certSecret    types.NamespacedName
+	certDir       string
+	configuration string
+	dnsNames      []string
+	ips           []net.IP
+	certValidity  time.Duration
 }
 
 // listFlag collects a repeatable flag.
@@ -70,6 +85,9 @@ type rawFlags struct {
 	ledger                           string
 	policyService, policyCluster     string
 	policyJob                        string
+	webhookCertSecret, webhookDNS    string
+	webhookIPs                       string
+	precreate                        bool
 }
 
 func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
@@ -108,6 +126,14 @@ func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs.StringVar(&r.policyJob, "rotation-policy-rayjob", projection.DefaultPolicies["RayJob"], "the same for a RayJob's cluster (never while its job runs)")
 	fs.IntVar(&c.maxConcurrentRotation, "max-concurrent-rotations", projection.DefaultMaxConcurrentRotations, "replacements and restarts in flight at most")
 	fs.DurationVar(&c.rotationTimeout, "rotation-timeout", 30*time.Minute, "a replacement or restart not done by then blocks the wave (0: never)")
+	fs.BoolVar(&r.precreate, "precreate-auth-secrets", true, "create a new cluster's generated auth Secret with the canonical token before KubeRay does (false: leave it to KubeRay and the webhook)")
+	fs.StringVar(&c.webhook.addr, "webhook-addr", "", "address serving the mutating admission webhook over HTTPS, e.g. :9443 (\"\": no webhook)")
+	fs.StringVar(&r.webhookCertSecret, "webhook-cert-secret", "", "Secret NAMESPACE/NAME where raysync keeps the webhook's CA and serving certificate (default <leader-election namespace, else the source's>/raysync-webhook-tls)")
+	fs.StringVar(&c.webhook.certDir, "webhook-cert-dir", "", "serve tls.crt and tls.key from this directory (e.g. cert-manager's) instead of a certificate raysync issues")
+	fs.StringVar(&c.webhook.configuration, "webhook-configuration", "raysync", "MutatingWebhookConfiguration whose caBundle raysync keeps current (\"\": none)")
+	fs.StringVar(&r.webhookDNS, "webhook-dns-names", "", "comma-separated DNS names of the webhook's Service, for the certificate raysync issues")
+	fs.StringVar(&r.webhookIPs, "webhook-ips", "", "comma-separated IP addresses for the certificate raysync issues (a URL webhook, e.g. 127.0.0.1 in tests)")
+	fs.DurationVar(&c.webhook.certValidity, "webhook-cert-validity", 90*24*time.Hour, "lifetime of the serving certificate raysync issues (renewed a third of it ahead)")
 	return fs
 }
 
@@ -234,6 +260,10 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	default:
 		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: defaultLedgerName}
 	}
+	c.noPrecreate = !r.precreate
+	if err := c.webhook.parse(&r, c); err != nil {
+		return nil, err
+	}
 	if !path.IsAbs(c.tlsMountPath) || path.Clean(c.tlsMountPath) != c.tlsMountPath || c.tlsMountPath == "/" || strings.Contains(c.tlsMountPath, ":") {
 		return nil, fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
 	}
@@ -278,6 +308,56 @@ flags:
 // defaultLedgerName is the rotation ledger's name in raysync's namespace.
 const defaultLedgerName = "raysync-rotations"
 
+// defaultWebhookCertSecret is the webhook certificate Secret's name in raysync's namespace.
+const defaultWebhookCertSecret = "raysync-webhook-tls"
+
+func (w *webhookConfig) parse(r *rawFlags, c *config) error {
+	if w.addr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(w.addr); err != nil {
+		return fmt.Errorf("--webhook-addr %q: %v", w.addr, err)
+	}
+	if w.certDir != "" {
+		return nil // cert-manager (or another) issues the certificate and injects the caBundle
+	}
+	var err error
+	switch {
+	case r.webhookCertSecret != "":
+		if w.certSecret, err = parseNamespacedName("--webhook-cert-secret", r.webhookCertSecret); err != nil {
+			return err
+		}
+	case c.leaderElectionNS != "":
+		w.certSecret = types.NamespacedName{Namespace: c.leaderElectionNS, Name: defaultWebhookCertSecret}
+	default:
+		w.certSecret = types.NamespacedName{Namespace: c.authSource.Namespace, Name: defaultWebhookCertSecret}
+	}
+	for _, d := range strings.Split(r.webhookDNS, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			if len(validation.IsDNS1123Subdomain(d)) > 0 {
+				return fmt.Errorf("--webhook-dns-names: %q is not a DNS name", d)
+			}
+			w.dnsNames = append(w.dnsNames, d)
+		}
+	}
+	for _, v := range strings.Split(r.webhookIPs, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			ip := net.ParseIP(v)
+			if ip == nil {
+				return fmt.Errorf("--webhook-ips: %q is not an IP address", v)
+			}
+			w.ips = append(w.ips, ip)
+		}
+	}
+	if len(w.dnsNames) == 0 && len(w.ips) == 0 {
+		return errors.New("--webhook-addr with a certificate raysync issues needs --webhook-dns-names or --webhook-ips (or --webhook-cert-dir)")
+	}
+	if w.certValidity < time.Minute {
+		return fmt.Errorf("--webhook-cert-validity must be at least 1m, got %s", w.certValidity)
+	}
+	return nil
+}
+
 // projection is the controller's configuration.
 func (c *config) projection() projection.Config {
 	pc := projection.Config{Source: c.authSource, SourceKey: c.authSourceKey, Prune: c.prune,
@@ -285,8 +365,9 @@ func (c *config) projection() projection.Config {
 			PullSecrets: c.pullSecrets, AutoscalerTLS: c.autoscalerTLS, APIServer: c.apiServer,
 			MountPath: c.tlsMountPath, RecyclePending: c.recyclePending, AllowRecreate: c.allowRecreate,
 		},
-		Rotation: projection.RotationOptions{Policies: c.rotationPolicies, MaxConcurrent: c.maxConcurrentRotation, Timeout: c.rotationTimeout},
-		Ledger:   c.rotationLedger,
+		Rotation:    projection.RotationOptions{Policies: c.rotationPolicies, MaxConcurrent: c.maxConcurrentRotation, Timeout: c.rotationTimeout},
+		Ledger:      c.rotationLedger,
+		NoPrecreate: c.noPrecreate,
 	}
 	if c.clusterSelector != "" {
 		pc.ClusterSelector, _ = labels.Parse(c.clusterSelector) // validated by parseFlags

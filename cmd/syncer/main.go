@@ -168,6 +168,9 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 	if err := serve(ctx, log, cfg.probeAddr, "/", probes); err != nil {
 		return err
 	}
+	if err := startWebhook(ctx, cfg, kube, ctrl, m, log); err != nil {
+		return err
+	}
 
 	log.Info("starting raysync", zap.String("source", cfg.authSource.String()), zap.String("scope", cfg.informer().String()),
 		zap.String("clusterSelector", cfg.clusterSelector),

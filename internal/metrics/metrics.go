@@ -82,6 +82,11 @@ type Metrics struct {
 	RotationsStarted *prometheus.CounterVec
 	// RotationDuration is how long a replacement or restart took, from start to completion.
 	RotationDuration prometheus.Histogram
+	// Admission counts the webhook's answers by resource and result; AdmissionDuration times them.
+	Admission         *prometheus.CounterVec
+	AdmissionDuration *prometheus.HistogramVec
+	// WebhookCertExpiry is when the webhook's serving certificate expires (0 while it has none).
+	WebhookCertExpiry prometheus.Gauge
 
 	own []prometheus.Collector // raysync's own collectors (for Names)
 }
@@ -125,6 +130,19 @@ func New(snapshot func() Snapshot) *Metrics {
 			Help:    "Time from starting a replacement or restart to the cluster serving on the new token (old cluster gone, or restarted cluster ready).",
 			Buckets: prometheus.ExponentialBuckets(5, 2, 12), // 5 s … ~2.8 h
 		}),
+		Admission: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "raysync_admission_requests_total",
+			Help: "Admission requests the webhook answered (always allowed), by resource and result: mutated, unchanged, skipped, invalid.",
+		}, []string{"resource", "result"}),
+		AdmissionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "raysync_admission_duration_seconds",
+			Help:    "Time the webhook took to answer an admission request, by resource.",
+			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 13), // 0.25 ms … 1 s
+		}, []string{"resource"}),
+		WebhookCertExpiry: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "raysync_webhook_cert_expiry_timestamp_seconds",
+			Help: "Unix time at which the webhook's serving certificate expires (raysync renews its own a third of its life ahead).",
+		}),
 		PodsRecycled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_pods_recycled_total",
 			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
@@ -139,11 +157,16 @@ func New(snapshot func() Snapshot) *Metrics {
 	for _, a := range []string{names.PolicyReplace, names.PolicyRestart} {
 		m.RotationsStarted.WithLabelValues(a)
 	}
+	for _, r := range []string{"pods", "secrets"} {
+		for _, res := range []string{"mutated", "unchanged", "skipped", "invalid"} {
+			m.Admission.WithLabelValues(r, res)
+		}
+	}
 	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
-		m.RotationsStarted, m.RotationDuration, &stateCollector{snapshot: snapshot}}
+		m.RotationsStarted, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot}}
 	m.own = append(m.own, clientGoCollectors...)
 	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
-		m.RotationsStarted, m.RotationDuration, &stateCollector{snapshot: snapshot},
+		m.RotationsStarted, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

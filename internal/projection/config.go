@@ -41,6 +41,9 @@ type Config struct {
 	// Ledger is the Secret numbering the canonical tokens (rotations) raysync has seen, in raysync's
 	// own namespace. Empty: rotations are not numbered, and nothing is replaced or restarted.
 	Ledger types.NamespacedName
+	// NoPrecreate leaves a new cluster's generated auth Secret to KubeRay (and the admission
+	// webhook) instead of creating it first; raysync still writes the token into it.
+	NoPrecreate bool
 }
 
 // PodOptions configure registry pull secrets and the autoscaler's client TLS. Zero value: both off.

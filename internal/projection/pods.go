@@ -19,29 +19,8 @@ import (
 // the fixed template.
 func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc := in.Cluster
-	var tc TemplateConfig
-	var pullStates []string
-	for _, src := range in.Sources.pull {
-		state := names.StateSourceInvalid
-		if src.valid() {
-			var usable bool
-			if state, usable = planCopy(in, src, p); usable {
-				tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
-			}
-		}
-		pullStates = append(pullStates, state)
-	}
-	var tlsState string
+	tc, pullStates, tlsState := podTemplateConfig(in, p)
 	autoscaling := Autoscaling(rc)
-	if src := in.Sources.tls; src != nil && autoscaling {
-		tlsState = names.StateSourceInvalid
-		if src.valid() {
-			var usable bool
-			if tlsState, usable = planCopy(in, *src, p); usable {
-				tc.TLS = src.template
-			}
-		}
-	}
 
 	check := in.drift
 	if check == nil {
@@ -94,6 +73,31 @@ func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		recycle = false // the pods are handled on the next pass, once the cache holds the patched template
 	}
 	planPods(in, tc, autoscaling, recycle, p)
+}
+
+// podTemplateConfig is what the cluster's pods must carry (the copies they name planned into p), and
+// the state of each pull-secret copy and of the TLS copy ("" when there is none to make).
+func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc TemplateConfig, pullStates []string, tlsState string) {
+	for _, src := range in.Sources.pull {
+		state := names.StateSourceInvalid
+		if src.valid() {
+			var usable bool
+			if state, usable = planCopy(in, src, p); usable {
+				tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
+			}
+		}
+		pullStates = append(pullStates, state)
+	}
+	if src := in.Sources.tls; src != nil && Autoscaling(in.Cluster) {
+		tlsState = names.StateSourceInvalid
+		if src.valid() {
+			var usable bool
+			if tlsState, usable = planCopy(in, *src, p); usable {
+				tc.TLS = src.template
+			}
+		}
+	}
+	return tc, pullStates, tlsState
 }
 
 // planPods recycles never-started pods that lack raysync's entries and reports started ones.

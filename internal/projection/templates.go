@@ -145,48 +145,63 @@ func templateEntries(obj map[string]any, cfg TemplateConfig, mutate bool) (drift
 		return d, err
 	}
 	for _, ps := range specs {
-		for _, name := range cfg.PullSecrets {
-			c, err := ensureNamedEntry(ps, "imagePullSecrets", name, func() map[string]any { return map[string]any{"name": name} }, nil, mutate)
-			if err != nil {
-				return d, err
-			}
-			d.pull = d.pull || c
+		c, err := pullEntries(ps, cfg.PullSecrets, mutate)
+		if err != nil {
+			return d, err
 		}
+		d.pull = d.pull || c
 	}
 	autoscaling, _, _ := unstructured.NestedBool(obj, "spec", "enableInTreeAutoscaling")
 	if cfg.TLS == nil || !autoscaling {
 		return d, nil
 	}
-	t := cfg.TLS
-	vol := func() map[string]any {
-		return map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": t.SecretName}}
-	}
-	c, err := ensureNamedEntry(specs[0], "volumes", names.TLSVolumeName, vol, func(cur map[string]any) bool {
-		s, _, _ := unstructured.NestedString(cur, "secret", "secretName")
-		return s == t.SecretName
-	}, mutate)
-	if err != nil {
-		return d, err
-	}
-	d.tls = c
 	opts, err := objectAt(obj, mutate, "spec", "autoscalerOptions")
 	if err != nil {
 		return d, err
 	}
+	d.tls, err = tlsEntries(specs[0], opts, cfg.TLS, mutate)
+	return d, err
+}
+
+// pullEntries: the pod spec lists every pull secret in imagePullSecrets.
+func pullEntries(spec map[string]any, pullSecrets []string, mutate bool) (bool, error) {
+	changed := false
+	for _, name := range pullSecrets {
+		c, err := ensureNamedEntry(spec, "imagePullSecrets", name, func() map[string]any { return map[string]any{"name": name} }, nil, mutate)
+		if err != nil {
+			return changed, err
+		}
+		changed = changed || c
+	}
+	return changed, nil
+}
+
+// tlsEntries: the pod spec has the certificate volume, and the autoscaler (its container, or
+// spec.autoscalerOptions in a template) mounts it read-only and has the env that points Ray at it.
+func tlsEntries(spec, autoscaler map[string]any, t *TLSTemplate, mutate bool) (bool, error) {
+	vol := func() map[string]any {
+		return map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": t.SecretName}}
+	}
+	changed, err := ensureNamedEntry(spec, "volumes", names.TLSVolumeName, vol, func(cur map[string]any) bool {
+		s, _, _ := unstructured.NestedString(cur, "secret", "secretName")
+		return s == t.SecretName
+	}, mutate)
+	if err != nil {
+		return changed, err
+	}
 	mount := func() map[string]any {
 		return map[string]any{"name": names.TLSVolumeName, "mountPath": t.MountPath, "readOnly": true}
 	}
-	c, err = ensureNamedEntry(opts, "volumeMounts", names.TLSVolumeName, mount, func(cur map[string]any) bool {
+	c, err := ensureNamedEntry(autoscaler, "volumeMounts", names.TLSVolumeName, mount, func(cur map[string]any) bool {
 		p, _, _ := unstructured.NestedString(cur, "mountPath")
 		ro, _, _ := unstructured.NestedBool(cur, "readOnly")
 		_, sub := cur["subPath"] // a subPath mount never sees a renewed certificate
 		return p == t.MountPath && ro && !sub
 	}, mutate)
 	if err != nil {
-		return d, err
+		return changed, err
 	}
-	d.tls = d.tls || c
-	c, err = ensureEntries(opts, "env", t.envEntries(), mutate)
-	d.tls = d.tls || c
-	return d, err
+	changed = changed || c
+	c, err = ensureEntries(autoscaler, "env", t.envEntries(), mutate)
+	return changed || c, err
 }

@@ -90,6 +90,10 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		// split the cluster. KubeRay will generate one; the cluster is behind and its policy moves it.
 		p.Status.Token = names.StateInSync
 		p.rotation(in, cfg, t, false)
+	case cur == nil && t.Mode == Generated && cfg.NoPrecreate && !started:
+		// KubeRay creates it (the admission webhook gives it the token; else raysync writes it as it arrives).
+		p.Status.Token = names.StateOutOfSync
+		p.rotation(in, cfg, t, true)
 	case cur == nil:
 		// A new cluster, or one whose containers hold the current token (its Secret was deleted).
 		p.Status.Token = names.StateOutOfSync

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/raysync/raysync/internal/admission"
+	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/projection"
+)
+
+// startWebhook serves the admission webhook on every replica (its answers come from the caches and
+// need no leadership), with a certificate from --webhook-cert-dir or one raysync issues and renews.
+func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, ctrl *projection.Controller, m *metrics.Metrics, log *zap.Logger) error {
+	w := cfg.webhook
+	if w.addr == "" {
+		return nil
+	}
+	if cfg.dryRun {
+		log.Info("dry-run: not serving the admission webhook (it would change pods and Secrets)")
+		return nil
+	}
+	var getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	if w.certDir != "" {
+		getCert = (&admission.DirCertificate{Dir: w.certDir, Metrics: m}).GetCertificate
+	} else {
+		cm := &admission.CertManager{Kube: kube, Secret: w.certSecret, Configuration: w.configuration, DNSNames: w.dnsNames, IPs: w.ips,
+			Validity: w.certValidity, Metrics: m, Log: log}
+		getCert = cm.GetCertificate
+		go cm.Run(ctx, min(30*time.Second, w.certValidity/10))
+	}
+	ln, err := net.Listen("tcp", w.addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", w.addr, err)
+	}
+	srv := &http.Server{Handler: admission.Handler(ctrl.Admitter(), m, log), ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig: &tls.Config{GetCertificate: getCert, MinVersion: tls.VersionTLS12}}
+	go func() {
+		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("webhook server stopped", zap.Error(err))
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("serving the admission webhook", zap.String("addr", ln.Addr().String()))
+	return nil
+}

@@ -1,0 +1,86 @@
+// Package admission serves raysync's mutating admission webhook: Ray pods and a new cluster's auth
+// Secret get raysync's entries and the canonical token at creation. It never rejects a request and is
+// registered with failurePolicy Ignore: when it is bypassed the controller repairs as before.
+package admission
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/projection"
+)
+
+// Paths the webhook configuration names.
+const (
+	PodsPath    = "/mutate-pods"
+	SecretsPath = "/mutate-secrets"
+)
+
+// maxReview bounds a request body (the API server sends at most a few MiB).
+const maxReview = 8 << 20
+
+// Handler answers AdmissionReview requests for pods and Secrets.
+func Handler(a *projection.Admitter, m *metrics.Metrics, log *zap.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(PodsPath, &review{resource: "pods", decide: a.Pod, m: m, log: log})
+	mux.Handle(SecretsPath, &review{resource: "secrets", decide: a.Secret, m: m, log: log})
+	return mux
+}
+
+type review struct {
+	resource string
+	decide   func(ctx context.Context, ns string, raw []byte) ([]projection.PatchOp, string, string)
+	m        *metrics.Metrics
+	log      *zap.Logger
+}
+
+func (h *review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	defer func() { h.m.AdmissionDuration.WithLabelValues(h.resource).Observe(time.Since(start).Seconds()) }()
+	var ar admissionv1.AdmissionReview
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxReview))
+	if err == nil {
+		err = json.Unmarshal(body, &ar)
+	}
+	if err != nil || ar.Request == nil {
+		// Without the request's UID there is no answer to give: the API server treats this as a
+		// webhook failure and, with failurePolicy Ignore, admits the object unchanged.
+		h.m.Admission.WithLabelValues(h.resource, projection.AdmitInvalid).Inc()
+		h.log.Warn("unreadable admission review", zap.String("resource", h.resource))
+		http.Error(w, "unreadable AdmissionReview", http.StatusBadRequest)
+		return
+	}
+	req := ar.Request
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	result, reason := projection.AdmitUnchanged, "not a CREATE"
+	if req.Operation == admissionv1.Create {
+		var ops []projection.PatchOp
+		ops, result, reason = h.decide(r.Context(), req.Namespace, req.Object.Raw)
+		if len(ops) > 0 {
+			if patch, err := json.Marshal(ops); err == nil {
+				pt := admissionv1.PatchTypeJSONPatch
+				resp.Patch, resp.PatchType = patch, &pt
+			} else {
+				result, reason = projection.AdmitInvalid, "patch not encodable"
+			}
+		}
+	}
+	h.m.Admission.WithLabelValues(h.resource, result).Inc()
+	if result == projection.AdmitInvalid {
+		h.log.Warn("admitted unchanged: object unreadable", zap.String("resource", h.resource), zap.String("namespace", req.Namespace),
+			zap.String("name", req.Name), zap.String("reason", reason))
+	} else {
+		h.log.Debug("admitted", zap.String("resource", h.resource), zap.String("namespace", req.Namespace), zap.String("name", req.Name),
+			zap.String("result", result), zap.String("reason", reason))
+	}
+	out := admissionv1.AdmissionReview{TypeMeta: ar.TypeMeta, Response: resp}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}

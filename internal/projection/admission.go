@@ -1,0 +1,192 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+// Admission: what a Ray pod, or a new cluster's auth Secret, carries when it is created. The webhook
+// (internal/admission) asks on every replica; the answers come from the caches and the same pure code
+// as the template patch, with no API call, and never reject: what raysync cannot decide is admitted
+// as it is, and the controller repairs it as it would without the webhook.
+
+// PatchOp is one RFC 6902 JSON Patch operation.
+type PatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+// Admission outcomes, for the metrics (label result) and the logs.
+const (
+	AdmitMutated   = "mutated"   // raysync's entries (or the canonical token) added
+	AdmitUnchanged = "unchanged" // it already carries them, or raysync has nothing to add
+	AdmitSkipped   = "skipped"   // not raysync's to change now (the reason says why)
+	AdmitInvalid   = "invalid"   // the object in the request could not be read
+)
+
+// Admitter answers admission requests from a controller's caches.
+type Admitter struct {
+	gather *gatherer
+	now    func() time.Time
+	// Wait bounds how long a request waits for the caches to show the RayCluster: KubeRay creates a
+	// cluster's Secret and pods moments after the cluster itself.
+	Wait time.Duration
+}
+
+// Admitter returns the controller's admission decisions (they need no leadership: they write nothing).
+func (c *Controller) Admitter() *Admitter {
+	return &Admitter{gather: c.gather, now: c.now, Wait: 500 * time.Millisecond}
+}
+
+// cluster finds the in-scope RayCluster name in ns, waiting up to a.Wait for the caches to show it.
+func (a *Admitter) cluster(ctx context.Context, ns, name string) (*unstructured.Unstructured, string) {
+	if name == "" {
+		return nil, "no ray.io/cluster label"
+	}
+	deadline := time.Now().Add(a.Wait)
+	for {
+		if rc, ok := a.gather.caches.RayCluster(ns, name); ok {
+			if !a.gather.cfg.InScope(rc) {
+				return nil, "RayCluster not in scope"
+			}
+			return rc, ""
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, "RayCluster not in raysync's cache"
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Pod decides the patch for a Ray pod being created in ns (raw is the pod's JSON).
+func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []PatchOp, result, reason string) {
+	var pod map[string]any
+	if err := json.Unmarshal(raw, &pod); err != nil {
+		return nil, AdmitInvalid, "pod is not a JSON object"
+	}
+	var meta metav1.ObjectMeta
+	if err := remarshal(pod["metadata"], &meta); err != nil {
+		return nil, AdmitInvalid, "pod metadata unreadable"
+	}
+	rc, why := a.cluster(ctx, ns, meta.Labels[kuberay.ClusterLabel])
+	if rc == nil {
+		return nil, AdmitSkipped, why
+	}
+	if owner := metav1.GetControllerOf(&meta); owner == nil || owner.UID != rc.GetUID() {
+		return nil, AdmitSkipped, "pod not controlled by its RayCluster"
+	}
+	in := a.gather.cluster(rc, a.gather.sources(a.now()), a.now())
+	tc, _, _ := podTemplateConfig(in, &ClusterPlan{})
+	ops, err := podPatch(pod, tc, Autoscaling(rc))
+	switch {
+	case err != nil:
+		return nil, AdmitInvalid, err.Error()
+	case len(ops) == 0:
+		return nil, AdmitUnchanged, ""
+	}
+	return ops, AdmitMutated, ""
+}
+
+// podPatch adds tc's entries to a pod (its spec and its autoscaler container), and returns them as
+// operations that replace only the lists raysync changed, with every entry they held kept.
+func podPatch(pod map[string]any, tc TemplateConfig, autoscaling bool) ([]PatchOp, error) {
+	spec, err := objectAt(pod, false, "spec")
+	if err != nil || spec == nil {
+		return nil, fmt.Errorf("pod spec unreadable")
+	}
+	containers, err := namedList(spec, "containers")
+	if err != nil {
+		return nil, err
+	}
+	before := map[string]any{}
+	for _, f := range []string{"imagePullSecrets", "volumes"} {
+		before[f] = spec[f]
+	}
+	if _, err := pullEntries(spec, tc.PullSecrets, true); err != nil {
+		return nil, err
+	}
+	var ops []PatchOp
+	auto := slices.IndexFunc(containers, func(c any) bool { return c.(map[string]any)["name"] == AutoscalerContainer })
+	if tc.TLS != nil && autoscaling && auto >= 0 {
+		c := containers[auto].(map[string]any)
+		mounts, env := c["volumeMounts"], c["env"]
+		if _, err := tlsEntries(spec, c, tc.TLS, true); err != nil {
+			return nil, err
+		}
+		for f, old := range map[string]any{"volumeMounts": mounts, "env": env} {
+			if !reflect.DeepEqual(old, c[f]) {
+				ops = append(ops, PatchOp{Op: "add", Path: fmt.Sprintf("/spec/containers/%d/%s", auto, f), Value: c[f]})
+			}
+		}
+	}
+	for _, f := range []string{"imagePullSecrets", "volumes"} {
+		if !reflect.DeepEqual(before[f], spec[f]) {
+			ops = append(ops, PatchOp{Op: "add", Path: "/spec/" + f, Value: spec[f]})
+		}
+	}
+	slices.SortFunc(ops, func(a, b PatchOp) int { return strings.Compare(a.Path, b.Path) })
+	return ops, nil
+}
+
+// Secret decides the patch for a Secret being created in ns: KubeRay's generated auth Secret of an
+// in-scope cluster is born with the canonical token, unless containers of that cluster may already
+// run on another token (KubeRay re-creating a deleted Secret).
+func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []PatchOp, result, reason string) {
+	var s corev1.Secret
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, AdmitInvalid, "Secret unreadable"
+	}
+	owner := metav1.GetControllerOf(&s)
+	if owner == nil || owner.Kind != "RayCluster" {
+		return nil, AdmitSkipped, "not controlled by a RayCluster"
+	}
+	rc, why := a.cluster(ctx, ns, owner.Name)
+	if rc == nil {
+		return nil, AdmitSkipped, why
+	}
+	t, ok, err := TokenTargetFor(rc, a.gather.cfg.Source)
+	if err != nil || !ok || t.Mode != Generated || t.Name != s.Name || rc.GetUID() != owner.UID {
+		return nil, AdmitSkipped, "not the cluster's generated auth Secret"
+	}
+	now := a.now()
+	in := a.gather.cluster(rc, a.gather.sources(now), now)
+	src := in.Sources.token
+	switch {
+	case !src.valid():
+		return nil, AdmitSkipped, "canonical source invalid"
+	case holdsToken(&s, src.value):
+		return nil, AdmitUnchanged, ""
+	case slices.ContainsFunc(in.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }) &&
+		!(anyStarted(in.Pods) && in.Memory.lastDigest == src.digest):
+		// Containers may run on a token raysync cannot tell; only the ones raysync saw start on the
+		// current token get it back (what the controller's restore does).
+		return nil, AdmitSkipped, "the cluster's pods may run on another token"
+	}
+	want := withToken(&s, src.value, a.gather.cfg.Source, now)
+	if s.Data == nil {
+		ops = append(ops, PatchOp{Op: "add", Path: "/data", Value: map[string][]byte{}})
+	}
+	ops = append(ops, PatchOp{Op: "add", Path: "/data/" + kuberay.AuthTokenKey, Value: want.Data[kuberay.AuthTokenKey]},
+		PatchOp{Op: "add", Path: "/metadata/annotations", Value: want.Annotations})
+	return ops, AdmitMutated, ""
+}
+
+func remarshal(in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
+}
