@@ -26,8 +26,14 @@ const (
 // maxReview bounds a request body (the API server sends at most a few MiB).
 const maxReview = 8 << 20
 
+// Decider decides what a pod or a Secret being created gets (projection.Admitter).
+type Decider interface {
+	Pod(ctx context.Context, ns string, raw []byte) ([]projection.PatchOp, string, string)
+	Secret(ctx context.Context, ns string, raw []byte) ([]projection.PatchOp, string, string)
+}
+
 // Handler answers AdmissionReview requests for pods and Secrets.
-func Handler(a *projection.Admitter, m *metrics.Metrics, log *zap.Logger) http.Handler {
+func Handler(a Decider, m *metrics.Metrics, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(PodsPath, &review{resource: "pods", decide: a.Pod, m: m, log: log})
 	mux.Handle(SecretsPath, &review{resource: "secrets", decide: a.Secret, m: m, log: log})
