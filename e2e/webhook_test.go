@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+// bornPods records every pod of a namespace as it was created (a pod's imagePullSecrets, volumes and
+// env never change after that).
+type bornPods struct {
+	mu   sync.Mutex
+	pods map[types.UID]*corev1.Pod
+}
+
+func (e *Env) watchPodsBorn(ns string) *bornPods {
+	e.t.Helper()
+	w, err := e.Kube.CoreV1().Pods(ns).Watch(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(w.Stop)
+	b := &bornPods{pods: map[types.UID]*corev1.Pod{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
+				b.mu.Lock()
+				b.pods[p.UID] = p
+				b.mu.Unlock()
+			}
+		}
+	}()
+	return b
+}
+
+// missing lists, for every pod born in cluster, what of raysync's entries it lacked at creation.
+func (b *bornPods) missing(cluster string) (pods int, missing []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.pods {
+		if p.Labels["ray.io/cluster"] != cluster {
+			continue
+		}
+		pods++
+		if !listsPullSecret("regcred")(*p) {
+			missing = append(missing, p.Name+": pull secret")
+		}
+		if p.Labels["ray.io/node-type"] == "head" && !hasAutoscalerTLS(p) {
+			missing = append(missing, p.Name+": autoscaler TLS")
+		}
+	}
+	return pods, missing
+}
+
+func hasAutoscalerTLS(p *corev1.Pod) bool {
+	i := slices.IndexFunc(p.Spec.Containers, func(c corev1.Container) bool { return c.Name == "autoscaler" })
+	return i >= 0 && slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "raysync-autoscaler-tls" }) &&
+		slices.ContainsFunc(p.Spec.Containers[i].Env, func(e corev1.EnvVar) bool { return e.Name == "RAY_KUBERAY_CLIENT_CERT_PATH" })
+}
+
+func privateAutoscalingCluster(ns, name string) *unstructured.Unstructured {
+	return rayCluster(ns, name, func(spec map[string]any) {
+		spec["enableInTreeAutoscaling"] = true
+		withPrivateImage(spec)
+	})
+}
+
+// With the webhook, a new cluster is born right: its pods with the pull secret and the autoscaler's
+// client certificate, its auth Secret with the canonical token (raysync's pre-creation switched off),
+// so nothing is recycled and every container starts on the canonical token. The serving certificate
+// renews while clusters are being created without one pod missing the webhook. With raysync down,
+// pods are created at once without its entries (fail-open) and raysync repairs them when it is back.
+func TestWebhookEveryPodBornRight(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		srcNS, ns := env.Namespace(), env.Namespace()
+		token := env.NewToken()
+		env.PutSource(srcNS, "ray-token", tokenData(token))
+		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(env.Secret(dockerConfig))})
+		crt, key := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(30*24*time.Hour))
+		env.PutSecret(srcNS, "autoscaler-tls", corev1.SecretTypeTLS, map[string][]byte{"tls.crt": crt, "tls.key": key})
+		port, err := framework.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgName := "raysync-" + ns
+		api := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
+		if _, err := api.Create(env.ctx, framework.WebhookConfiguration(cfgName, port, []string{ns}), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = api.Delete(context.Background(), cfgName, metav1.DeleteOptions{}) })
+		args := []string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--pull-secret=" + srcNS + "/regcred",
+			"--autoscaler-tls-secret=" + srcNS + "/autoscaler-tls", "--precreate-auth-secrets=false",
+			fmt.Sprintf("--webhook-addr=127.0.0.1:%d", port), "--webhook-ips=127.0.0.1", "--webhook-configuration=" + cfgName,
+			"--webhook-cert-secret=" + srcNS + "/webhook-tls", "--webhook-cert-validity=1m"}
+		s := env.StartSyncer(args...)
+		err = wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			c, err := api.Get(ctx, cfgName, metav1.GetOptions{})
+			return err == nil && len(c.Webhooks[0].ClientConfig.CABundle) > 0 && len(c.Webhooks[1].ClientConfig.CABundle) > 0, nil
+		})
+		if err != nil {
+			t.Fatal("raysync never put its CA into the webhook configuration")
+		}
+		born := env.watchPodsBorn(ns)
+
+		// Clusters created over 50 s: the 1-minute certificate renews meanwhile (with 20 s left).
+		var clusters []string
+		for i := range 5 {
+			name := fmt.Sprintf("born-%d", i)
+			env.CreateRayCluster(privateAutoscalingCluster(ns, name))
+			clusters = append(clusters, name)
+			time.Sleep(10 * time.Second)
+		}
+		for _, c := range clusters {
+			env.WaitPodsReady(ns, "ray.io/cluster="+c, 2, 90*time.Second)
+			n, missing := born.missing(c)
+			if n < 2 || len(missing) > 0 {
+				t.Errorf("cluster %s: %d pods born, lacking at birth: %v", c, n, missing)
+			}
+			sec, err := env.Kube.CoreV1().Secrets(ns).Get(env.ctx, c, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(sec.Data["auth_token"]) != token {
+				t.Errorf("cluster %s: auth Secret does not hold the canonical token", c)
+			}
+			for _, f := range sec.ManagedFields {
+				if f.Manager == "raysync" {
+					t.Errorf("cluster %s: raysync wrote the auth Secret (%s): it was not born with the canonical token", c, f.Operation)
+				}
+			}
+		}
+		env.AssertStartedWith(ns, token, clusters...)
+		for _, reason := range []string{"pull_secret", "autoscaler_tls"} {
+			if v, _ := s.Metric("raysync_pods_recycled_total", map[string]string{"reason": reason}); v != 0 {
+				t.Errorf("%v pods recycled for a missing %s", v, reason)
+			}
+		}
+		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "mutated"}); v < 10 {
+			t.Errorf("webhook mutated %v pods, want every one (10)", v)
+		}
+		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "mutated"}); v != 5 {
+			t.Errorf("webhook gave %v auth Secrets the token, want 5", v)
+		}
+		if !strings.Contains(s.Output(), "renewed the webhook's serving certificate") {
+			t.Error("the serving certificate was not renewed while clusters were created")
+		}
+
+		// raysync down: the API server admits pods at once, without raysync's entries.
+		s.Kill()
+		created := time.Now()
+		env.CreateRayCluster(privateAutoscalingCluster(ns, "down"))
+		env.WaitPods(ns, "down", 2, 20*time.Second)
+		if d := time.Since(created); d > 10*time.Second {
+			t.Errorf("pods took %s to be created with the webhook down", d)
+		}
+		if _, missing := born.missing("down"); len(missing) == 0 {
+			t.Error("pods created while raysync was down carry its entries: the webhook was not bypassed")
+		}
+		// Back: the templates are patched and the pods recycled, as without a webhook.
+		s2 := env.StartSyncer(args...)
+		env.WaitAllPods(ns, "down", 2, 90*time.Second, "listing the pull secret", listsPullSecret("regcred"))
+		env.WaitPodsReady(ns, "ray.io/cluster=down", 2, 90*time.Second)
+		if v, _ := s2.Metric("raysync_pods_recycled_total", map[string]string{"reason": "pull_secret"}); v < 1 {
+			t.Errorf("pods created while raysync was down were not recycled (%v)", v)
+		}
+	})
+}
