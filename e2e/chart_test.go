@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -48,8 +53,10 @@ const chart = "deploy/helm/raysync"
 
 func TestChartLintsAndRejectsBadValues(t *testing.T) {
 	base := []string{"--set", "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true"}
-	if out, err := helm(t, append([]string{"lint", "--strict", chart}, base...)...); err != nil {
-		t.Fatalf("helm lint: %v\n%s", err, out)
+	for _, set := range []string{"webhook.enabled=true", "webhook.enabled=false", "webhook.certManager.enabled=true"} {
+		if out, err := helm(t, append([]string{"lint", "--strict", chart, "--set", set}, base...)...); err != nil {
+			t.Fatalf("helm lint (%s): %v\n%s", set, err, out)
+		}
 	}
 	// Listed namespaces get namespaced Roles unless cluster scope is asked for; allNamespaces a ClusterRole.
 	for _, c := range []struct{ scope, set string }{
@@ -66,11 +73,13 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 		for _, doc := range renderedObjects(t, out) {
 			kinds[doc.GetKind()]++
 		}
-		if c.scope == "namespaces" && (kinds["ClusterRole"] != 0 || kinds["Role"] != 6) {
-			t.Errorf("%s: %v (want no ClusterRole; a Role per namespace, per source namespace, for the rotation ledger and for leader election)", c.set, kinds)
+		// Both scopes: the webhook's own ClusterRole (its MutatingWebhookConfiguration is cluster-scoped;
+		// TestChartWebhook checks it grants nothing else) and a Role for its certificate Secret.
+		if c.scope == "namespaces" && (kinds["ClusterRole"] != 1 || kinds["Role"] != 7) {
+			t.Errorf("%s: %v (want only the webhook's ClusterRole; a Role per namespace, per source namespace, for the rotation ledger, for leader election and for the webhook certificate)", c.set, kinds)
 		}
-		if c.scope == "cluster" && kinds["ClusterRole"] != 1 {
-			t.Errorf("%s: %v (want one ClusterRole)", c.set, kinds)
+		if c.scope == "cluster" && kinds["ClusterRole"] != 2 {
+			t.Errorf("%s: %v (want the ClusterRole and the webhook's)", c.set, kinds)
 		}
 	}
 	for name, set := range map[string]string{
@@ -82,6 +91,15 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 		"unknown value":         "authSource.namespace=a,authSource.name=b,allNamespaces=true,frobnicate=1",
 		"bad rbac scope":        "authSource.namespace=a,authSource.name=b,allNamespaces=true,rbac.scope=everything",
 		"missing source":        "allNamespaces=true",
+		"webhook port 0":        "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.port=0",
+		"webhook port > 65535":  "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.port=65536",
+		"webhook port=metrics":  "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.port=8080",
+		"webhook port=health":   "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.port=8081",
+		"webhook timeout 0":     "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.timeoutSeconds=0",
+		"webhook timeout 31":    "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.timeoutSeconds=31",
+		"webhook timeout 1.5":   "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.timeoutSeconds=1.5",
+		"webhook enabled yes":   "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.enabled=yes",
+		"webhook unknown value": "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.certManager.issuer=x",
 	} {
 		if out, err := helm(t, "template", "rs", chart, "--set", set); err == nil {
 			t.Errorf("%s: helm template accepted it:\n%.300s", name, out)
@@ -104,9 +122,290 @@ func renderedObjects(t *testing.T, out string) []*unstructured.Unstructured {
 	return objs
 }
 
+// TestChartWebhook renders the admission webhook in each mode: self-managed certificate (the default),
+// cert-manager, and off; for all namespaces and for listed ones, in both RBAC scopes.
+func TestChartWebhook(t *testing.T) {
+	const (
+		rel, fullname = "raysync", "rs-raysync"
+		svc           = fullname + "-webhook"
+		certSecret    = fullname + "-webhook-tls"
+	)
+	dnsNames := []string{svc + "." + rel + ".svc", svc + "." + rel + ".svc.cluster.local"}
+	render := func(t *testing.T, set ...string) map[string]*unstructured.Unstructured {
+		t.Helper()
+		args := []string{"template", "rs", chart, "--namespace", rel, "--set", "authSource.namespace=raysync,authSource.name=ray-token,pullSecrets={platform/regcred}"}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("helm template %v: %v\n%s", set, err, out)
+		}
+		objs := map[string]*unstructured.Unstructured{}
+		for _, o := range renderedObjects(t, out) {
+			objs[o.GetKind()+"/"+o.GetName()] = o
+		}
+		return objs
+	}
+	container := func(t *testing.T, objs map[string]*unstructured.Unstructured) map[string]any {
+		t.Helper()
+		d, ok := objs["Deployment/"+fullname]
+		if !ok {
+			t.Fatal("no Deployment")
+		}
+		c, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		return c[0].(map[string]any)
+	}
+	webhookArgs := func(t *testing.T, objs map[string]*unstructured.Unstructured) []string {
+		t.Helper()
+		var flags []string
+		for _, a := range container(t, objs)["args"].([]any) {
+			if strings.HasPrefix(a.(string), "--webhook") {
+				flags = append(flags, a.(string))
+			}
+		}
+		return flags
+	}
+	// rbacOn lists every rule of every Role and ClusterRole that names resource.
+	rbacOn := func(objs map[string]*unstructured.Unstructured, resource string) []string {
+		var found []string
+		for key, o := range objs {
+			if o.GetKind() != "Role" && o.GetKind() != "ClusterRole" {
+				continue
+			}
+			rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+			for _, r := range rules {
+				res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+				if slices.Contains(res, resource) {
+					b, _ := json.Marshal(r)
+					found = append(found, key+" "+string(b))
+				}
+			}
+		}
+		sort.Strings(found)
+		return found
+	}
+	rules := func(t *testing.T, objs map[string]*unstructured.Unstructured, key string) string {
+		t.Helper()
+		o, ok := objs[key]
+		if !ok {
+			t.Fatalf("no %s", key)
+		}
+		r, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		b, _ := json.Marshal(r)
+		return string(b)
+	}
+	webhooks := func(t *testing.T, objs map[string]*unstructured.Unstructured) map[string]map[string]any {
+		t.Helper()
+		mwc, ok := objs["MutatingWebhookConfiguration/"+fullname]
+		if !ok {
+			t.Fatal("no MutatingWebhookConfiguration " + fullname)
+		}
+		whs, _, _ := unstructured.NestedSlice(mwc.Object, "webhooks")
+		m := map[string]map[string]any{}
+		for _, w := range whs {
+			m[w.(map[string]any)["name"].(string)] = w.(map[string]any)
+		}
+		if len(m) != 2 {
+			t.Fatalf("webhooks %v, want pods.raysync.dev and secrets.raysync.dev", slices.Collect(maps.Keys(m)))
+		}
+		return m
+	}
+	asJSON := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	nsSelector := func(op string, values ...string) string {
+		return asJSON(map[string]any{"matchExpressions": []any{map[string]any{"key": "kubernetes.io/metadata.name", "operator": op, "values": values}}})
+	}
+
+	for _, c := range []struct {
+		name       string
+		set        []string
+		nsSelector string
+	}{
+		{"all namespaces", []string{"allNamespaces=true"}, nsSelector("NotIn", rel, "kube-system")},
+		{"listed namespaces", []string{"namespaces={ml,batch}"}, nsSelector("In", "ml", "batch")},
+		{"listed namespaces, cluster RBAC", []string{"namespaces={ml,batch},rbac.scope=cluster"}, nsSelector("In", "ml", "batch")},
+	} {
+		t.Run("self-managed/"+c.name, func(t *testing.T) {
+			objs := render(t, c.set...)
+			whs := webhooks(t, objs)
+			for name, want := range map[string]struct{ path, resource, objectSelector string }{
+				"pods.raysync.dev": {"/mutate-pods", "pods", asJSON(map[string]any{
+					"matchLabels":      map[string]any{"app.kubernetes.io/created-by": "kuberay-operator"},
+					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}})},
+				"secrets.raysync.dev": {"/mutate-secrets", "secrets", asJSON(map[string]any{
+					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}})},
+			} {
+				w := whs[name]
+				if w == nil {
+					t.Errorf("no webhook %s", name)
+					continue
+				}
+				for field, v := range map[string]any{
+					"failurePolicy": "Ignore", "sideEffects": "None", "matchPolicy": "Equivalent", "reinvocationPolicy": "Never",
+					"timeoutSeconds": float64(2), "admissionReviewVersions": []any{"v1"},
+					"rules": []any{map[string]any{"operations": []any{"CREATE"}, "apiGroups": []any{""}, "apiVersions": []any{"v1"},
+						"resources": []any{want.resource}, "scope": "Namespaced"}},
+					// No caBundle: raysync writes it, and the chart must not reset it.
+					"clientConfig":      map[string]any{"service": map[string]any{"name": svc, "namespace": rel, "path": want.path, "port": float64(443)}},
+					"objectSelector":    json.RawMessage(want.objectSelector),
+					"namespaceSelector": json.RawMessage(c.nsSelector),
+				} {
+					if got, wantJSON := asJSON(w[field]), asJSON(v); got != wantJSON {
+						t.Errorf("%s %s: %s, want %s", name, field, got, wantJSON)
+					}
+				}
+			}
+			if a := objs["MutatingWebhookConfiguration/"+fullname].GetAnnotations(); a["cert-manager.io/inject-ca-from"] != "" {
+				t.Errorf("self-managed: cainjector annotation %v", a)
+			}
+
+			// Every replica serves the webhook: the Service selects all of the Deployment's pods.
+			s, ok := objs["Service/"+svc]
+			if !ok {
+				t.Fatal("no Service " + svc)
+			}
+			sel, _, _ := unstructured.NestedMap(s.Object, "spec", "selector")
+			podSel, _, _ := unstructured.NestedMap(objs["Deployment/"+fullname].Object, "spec", "selector", "matchLabels")
+			ports, _, _ := unstructured.NestedSlice(s.Object, "spec", "ports")
+			if asJSON(sel) != asJSON(podSel) || asJSON(ports) != `[{"name":"webhook","port":443,"targetPort":"webhook"}]` {
+				t.Errorf("Service %s: selector %v (pods: %v), ports %v", svc, sel, podSel, ports)
+			}
+			if got := asJSON(container(t, objs)["ports"]); !strings.Contains(got, `{"containerPort":9443,"name":"webhook"}`) {
+				t.Errorf("no container port webhook 9443: %s", got)
+			}
+			wantArgs := []string{"--webhook-addr=:9443", "--webhook-cert-secret=" + rel + "/" + certSecret,
+				"--webhook-configuration=" + fullname, "--webhook-dns-names=" + strings.Join(dnsNames, ",")}
+			if got := webhookArgs(t, objs); !slices.Equal(got, wantArgs) {
+				t.Errorf("webhook flags %q, want %q", got, wantArgs)
+			}
+
+			// RBAC: the certificate Secret by name (create cannot be limited by name) and the caBundle of
+			// raysync's own webhook configuration by name, in both scopes; nothing more.
+			if got, want := rules(t, objs, "Role/"+fullname+"-webhook"), asJSON([]any{
+				map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"create"}},
+				map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{certSecret}, "verbs": []any{"get", "update"}},
+			}); got != want {
+				t.Errorf("Role %s-webhook: %s, want %s", fullname, got, want)
+			}
+			if got, want := rbacOn(objs, "mutatingwebhookconfigurations"), []string{"ClusterRole/" + fullname + "-webhook " + asJSON(map[string]any{
+				"apiGroups": []any{"admissionregistration.k8s.io"}, "resources": []any{"mutatingwebhookconfigurations"},
+				"resourceNames": []any{fullname}, "verbs": []any{"get", "update"}})}; !slices.Equal(got, want) {
+				t.Errorf("rules on mutatingwebhookconfigurations: %q, want %q", got, want)
+			}
+			if got := rules(t, objs, "ClusterRole/"+fullname+"-webhook"); strings.Count(got, `"resources"`) != 1 {
+				t.Errorf("the webhook's ClusterRole grants more than its configuration: %s", got)
+			}
+			for _, b := range []string{"RoleBinding/" + fullname + "-webhook", "ClusterRoleBinding/" + fullname + "-webhook"} {
+				o, ok := objs[b]
+				if !ok {
+					t.Errorf("no %s", b)
+					continue
+				}
+				subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+				roleName, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+				if roleName != fullname+"-webhook" || asJSON(subjects) != asJSON([]any{map[string]any{"kind": "ServiceAccount", "name": fullname, "namespace": rel}}) {
+					t.Errorf("%s: role %s, subjects %v", b, roleName, subjects)
+				}
+			}
+		})
+	}
+
+	t.Run("port and timeout", func(t *testing.T) {
+		objs := render(t, "allNamespaces=true", "webhook.port=10443", "webhook.timeoutSeconds=30")
+		for name, w := range webhooks(t, objs) {
+			if w["timeoutSeconds"] != float64(30) {
+				t.Errorf("%s timeoutSeconds %v, want 30", name, w["timeoutSeconds"])
+			}
+		}
+		if got := webhookArgs(t, objs); len(got) == 0 || got[0] != "--webhook-addr=:10443" {
+			t.Errorf("webhook flags %q", got)
+		}
+		if got := asJSON(container(t, objs)["ports"]); !strings.Contains(got, `{"containerPort":10443,"name":"webhook"}`) {
+			t.Errorf("container ports %s", got)
+		}
+	})
+
+	for _, scope := range []string{"namespaces", "cluster"} {
+		t.Run("off/"+scope, func(t *testing.T) {
+			objs := render(t, "namespaces={ml}", "rbac.scope="+scope, "webhook.enabled=false", "webhook.certManager.enabled=true")
+			for key := range objs {
+				if strings.Contains(key, "Webhook") || strings.HasSuffix(key, "-webhook") || strings.HasPrefix(key, "Issuer/") || strings.HasPrefix(key, "Certificate/") {
+					t.Errorf("webhook.enabled=false renders %s", key)
+				}
+			}
+			if got := webhookArgs(t, objs); len(got) != 0 {
+				t.Errorf("webhook.enabled=false passes %q", got)
+			}
+			if got := asJSON(container(t, objs)); strings.Contains(got, "webhook") {
+				t.Errorf("webhook.enabled=false: the container mentions the webhook: %s", got)
+			}
+			if got := rbacOn(objs, "mutatingwebhookconfigurations"); len(got) != 0 {
+				t.Errorf("webhook.enabled=false grants %q", got)
+			}
+		})
+
+		t.Run("cert-manager/"+scope, func(t *testing.T) {
+			objs := render(t, "namespaces={ml}", "rbac.scope="+scope, "webhook.certManager.enabled=true")
+			issuer, ok := objs["Issuer/"+fullname+"-selfsigned"]
+			if !ok {
+				t.Fatal("no Issuer")
+			}
+			if got := asJSON(issuer.Object["spec"]); got != `{"selfSigned":{}}` {
+				t.Errorf("Issuer spec %s", got)
+			}
+			cert, ok := objs["Certificate/"+svc]
+			if !ok {
+				t.Fatal("no Certificate " + svc)
+			}
+			if got, want := asJSON(cert.Object["spec"]), asJSON(map[string]any{"secretName": fullname + "-webhook-cert", "dnsNames": dnsNames,
+				"issuerRef": map[string]any{"group": "cert-manager.io", "kind": "Issuer", "name": issuer.GetName()}}); got != want {
+				t.Errorf("Certificate spec %s, want %s", got, want)
+			}
+			if cert.GetNamespace() != rel || issuer.GetNamespace() != rel {
+				t.Errorf("Issuer in %q, Certificate in %q, want %q", issuer.GetNamespace(), cert.GetNamespace(), rel)
+			}
+			whs := webhooks(t, objs)
+			if a := objs["MutatingWebhookConfiguration/"+fullname].GetAnnotations(); a["cert-manager.io/inject-ca-from"] != rel+"/"+svc {
+				t.Errorf("annotations %v, want cert-manager.io/inject-ca-from: %s/%s", a, rel, svc)
+			}
+			for name, w := range whs {
+				if asJSON(w["namespaceSelector"]) != nsSelector("In", "ml") || w["failurePolicy"] != "Ignore" {
+					t.Errorf("%s: %s", name, asJSON(w))
+				}
+			}
+			if got, want := webhookArgs(t, objs), []string{"--webhook-addr=:9443", "--webhook-cert-dir=/etc/raysync/webhook-tls"}; !slices.Equal(got, want) {
+				t.Errorf("webhook flags %q, want %q", got, want)
+			}
+			c := container(t, objs)
+			if got := asJSON(c["volumeMounts"]); got != `[{"mountPath":"/etc/raysync/webhook-tls","name":"webhook-tls","readOnly":true}]` {
+				t.Errorf("volumeMounts %s", got)
+			}
+			vols, _, _ := unstructured.NestedSlice(objs["Deployment/"+fullname].Object, "spec", "template", "spec", "volumes")
+			if got := asJSON(vols); got != `[{"name":"webhook-tls","secret":{"secretName":"`+fullname+`-webhook-cert"}}]` {
+				t.Errorf("volumes %s", got)
+			}
+			// cert-manager owns the certificate and cainjector the caBundle: raysync gets no rights on either.
+			if got := rbacOn(objs, "mutatingwebhookconfigurations"); len(got) != 0 {
+				t.Errorf("cert-manager mode grants %q", got)
+			}
+			for _, key := range []string{"Role/" + fullname + "-webhook", "ClusterRole/" + fullname + "-webhook"} {
+				if _, ok := objs[key]; ok {
+					t.Errorf("cert-manager mode renders %s", key)
+				}
+			}
+			for _, r := range rbacOn(objs, "secrets") {
+				if strings.Contains(r, "webhook") {
+					t.Errorf("cert-manager mode grants %s", r)
+				}
+			}
+		})
+	}
+}
+
 // TestChartRBACIsSufficientAndMinimal renders the chart, applies it, and runs raysync as the chart's
 // ServiceAccount (never as admin) in both RBAC modes: the default for listed namespaces (namespaced)
-// and cluster scope asked for explicitly.
+// and cluster scope asked for explicitly. The admission webhook is on (the chart's default), with the
+// certificate raysync issues itself: raysync creates its Secret and writes the caBundle under the chart's RBAC.
 func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		for _, scope := range []string{"default", "cluster"} {
@@ -128,21 +427,50 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 				if err != nil {
 					t.Fatalf("helm template: %v\n%s", err, out)
 				}
-				env.kubectlApply(out)
-				var args []string
+				// Nothing runs the Deployment's pods, so the webhook Service has no endpoints: raysync serves the
+				// webhook on a free loopback port and the API server calls it there by URL (raysync's certificate
+				// gets that IP too). Everything else is applied as rendered.
+				webhookPort, err := framework.FreePort()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var args, docs []string
 				for _, o := range renderedObjects(t, out) {
-					if o.GetKind() == "Deployment" {
+					switch o.GetKind() {
+					case "Deployment":
 						c, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 						for _, a := range c[0].(map[string]any)["args"].([]any) {
-							if s := a.(string); !strings.HasPrefix(s, "--metrics-bind-address") && !strings.HasPrefix(s, "--health-probe-bind-address") {
+							switch s := a.(string); {
+							case strings.HasPrefix(s, "--metrics-bind-address"), strings.HasPrefix(s, "--health-probe-bind-address"):
+							case strings.HasPrefix(s, "--webhook-addr="):
+								args = append(args, fmt.Sprintf("--webhook-addr=127.0.0.1:%d", webhookPort), "--webhook-ips=127.0.0.1")
+							default:
 								args = append(args, s)
 							}
 						}
+					case "MutatingWebhookConfiguration":
+						whs, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+						for _, w := range whs {
+							w := w.(map[string]any)
+							path, _, _ := unstructured.NestedString(w, "clientConfig", "service", "path")
+							w["clientConfig"] = map[string]any{"url": fmt.Sprintf("https://127.0.0.1:%d%s", webhookPort, path)}
+						}
+						if err := unstructured.SetNestedSlice(o.Object, whs, "webhooks"); err != nil {
+							t.Fatal(err)
+						}
 					}
+					b, err := yaml.Marshal(o.Object)
+					if err != nil {
+						t.Fatal(err)
+					}
+					docs = append(docs, string(b))
 				}
-				if len(args) == 0 {
-					t.Fatal("no Deployment args rendered")
+				if len(args) == 0 || !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--webhook-addr=") }) {
+					t.Fatalf("no Deployment args, or no webhook, rendered: %q", args)
 				}
+				out = strings.Join(docs, "---\n")
+				env.kubectlApply(out)
+				t.Cleanup(func() { env.kubectlDeleteClusterScoped(out) })
 				kubeconfig, sa := env.serviceAccountKubeconfig(rel, release+"-raysync")
 				// POD_NAMESPACE comes from the downward API in the cluster.
 				syncer := env.StartSyncerAs(kubeconfig, append(args, "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")...)
@@ -151,6 +479,30 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 				env.WaitSecret(ns, "rbac", 30*time.Second, holds(token))
 				env.WaitSecret(ns, "regcred", 30*time.Second, nil)
 				env.WaitAllPods(ns, "rbac", 2, 60*time.Second, "listing the pull secret", listsPullSecret("regcred"))
+				// The webhook's certificate: raysync created its Secret and put the CA in its configuration.
+				certSecret, configuration := release+"-raysync-webhook-tls", release+"-raysync"
+				var caBundles []string
+				err = wait.PollUntilContextTimeout(env.ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+					s, err := env.Kube.CoreV1().Secrets(rel).Get(ctx, certSecret, metav1.GetOptions{})
+					if err != nil {
+						return false, nil
+					}
+					mwc, err := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, configuration, metav1.GetOptions{})
+					if err != nil {
+						return false, nil
+					}
+					caBundles = caBundles[:0]
+					for _, w := range mwc.Webhooks {
+						caBundles = append(caBundles, string(w.ClientConfig.CABundle))
+					}
+					ca := string(s.Data["ca.crt"])
+					return len(s.Data["tls.crt"]) > 0 && len(s.Data["tls.key"]) > 0 && ca != "" &&
+						len(caBundles) == 2 && caBundles[0] == ca && caBundles[1] == ca, nil
+				})
+				if err != nil {
+					t.Errorf("raysync did not issue the webhook certificate into %s/%s and its CA into %s's caBundle (%d webhooks with one): %v",
+						rel, certSecret, configuration, len(slices.DeleteFunc(caBundles, func(b string) bool { return b == "" })), err)
+				}
 
 				can := func(verb, resource, namespace, name string) bool {
 					r, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(env.ctx, &authzv1.SelfSubjectAccessReview{
@@ -172,6 +524,17 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 					{"update", "leases", rel, "raysync", true},
 					{"update", "leases", rel, "someone-else", false},
 					{"delete", "pods", "kube-system", "", scope == "cluster"},
+					// The webhook: its certificate Secret and its own configuration, by name.
+					{"get", "secrets", rel, release + "-raysync-webhook-tls", true},
+					{"update", "secrets", rel, release + "-raysync-webhook-tls", true},
+					{"update", "secrets", rel, "not-the-webhook-certificate", scope == "cluster"},
+					{"get", "mutatingwebhookconfigurations", "", release + "-raysync", true},
+					{"update", "mutatingwebhookconfigurations", "", release + "-raysync", true},
+					{"update", "mutatingwebhookconfigurations", "", "someone-elses", false},
+					{"delete", "mutatingwebhookconfigurations", "", release + "-raysync", false},
+					{"create", "mutatingwebhookconfigurations", "", "", false},
+					{"list", "mutatingwebhookconfigurations", "", "", false},
+					{"update", "validatingwebhookconfigurations", "", release + "-raysync", false},
 				} {
 					if got := can(c.verb, c.resource, c.ns, c.name); got != c.want {
 						t.Errorf("%s %s %s/%s: allowed=%v, want %v", c.verb, c.resource, c.ns, c.name, got, c.want)
@@ -193,15 +556,17 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 				if strings.Contains(syncer.Output(), "forbidden") {
 					t.Errorf("raysync hit an RBAC denial under the chart's ServiceAccount:\n%s", lastLines(syncer.Output(), 20))
 				}
-				env.kubectlDeleteClusterScoped(out)
 			})
 		}
 	})
 }
 
 func groupOf(resource string) string {
-	if resource == "leases" {
+	switch resource {
+	case "leases":
 		return "coordination.k8s.io"
+	case "mutatingwebhookconfigurations", "validatingwebhookconfigurations":
+		return "admissionregistration.k8s.io"
 	}
 	return ""
 }
@@ -219,7 +584,8 @@ func (e *Env) kubectlApply(manifests string) {
 // kubectlDeleteClusterScoped removes the cluster-scoped objects of a rendered chart (namespaces go by themselves).
 func (e *Env) kubectlDeleteClusterScoped(manifests string) {
 	for _, o := range renderedObjects(e.t, manifests) {
-		if o.GetNamespace() == "" && (o.GetKind() == "ClusterRole" || o.GetKind() == "ClusterRoleBinding") {
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration":
 			_ = exec.Command("kubectl", "--kubeconfig", e.Kubeconfig, "delete", strings.ToLower(o.GetKind()), o.GetName(), "--ignore-not-found").Run()
 		}
 	}
@@ -272,8 +638,10 @@ func TestOwnerReferencesPermissionEnforcement(t *testing.T) {
 	token := env.NewToken()
 	env.PutSource(rel, "ray-token", tokenData(token))
 	release := "rs-" + rel
+	// No webhook: raysync runs without it here, and a configuration calling nobody would slow KubeRay's
+	// Secrets down, changing who creates them first.
 	out, err := helm(t, "template", release, chart, "--namespace", rel, "--set",
-		"authSource.namespace="+rel+",authSource.name=ray-token,namespaces={"+ns+"},rbac.scope=namespaces")
+		"authSource.namespace="+rel+",authSource.name=ray-token,namespaces={"+ns+"},rbac.scope=namespaces,webhook.enabled=false")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
@@ -303,6 +671,8 @@ func TestOwnerReferencesPermissionEnforcement(t *testing.T) {
 
 // StartSyncerUnderChart runs raysync as the ServiceAccount of the chart rendered for these flags
 // (namespaced RBAC, the strictest mode) instead of as admin. Leader election uses the release namespace.
+// The chart's webhook is off: raysync runs with these flags only, and a webhook configuration whose
+// Service nobody serves would make the API server wait on every Ray pod and Secret.
 func (e *Env) StartSyncerUnderChart(args ...string) *Syncer {
 	e.t.Helper()
 	var authSource, namespaces string
@@ -323,7 +693,7 @@ func (e *Env) StartSyncerUnderChart(args ...string) *Syncer {
 	srcNS, srcName, _ := strings.Cut(authSource, "/")
 	rel := e.Namespace()
 	release := "rs-" + rel
-	set := []string{"authSource.namespace=" + srcNS, "authSource.name=" + srcName, "namespaces={" + namespaces + "}", "rbac.scope=namespaces"}
+	set := []string{"authSource.namespace=" + srcNS, "authSource.name=" + srcName, "namespaces={" + namespaces + "}", "rbac.scope=namespaces", "webhook.enabled=false"}
 	if len(pulls) > 0 {
 		set = append(set, "pullSecrets={"+strings.Join(pulls, ",")+"}")
 	}

@@ -87,7 +87,8 @@ func TestKustomizeOverlayApplies(t *testing.T) {
 }
 
 // TestKustomizeOverlayRBACMatchesChart: the example overlay lists namespaces, so like the chart it
-// grants namespaced Roles and no ClusterRole.
+// grants namespaced Roles, and no ClusterRole but the webhook's (its MutatingWebhookConfiguration is
+// cluster-scoped; the Role limits it to that one object).
 func TestKustomizeOverlayRBACMatchesChart(t *testing.T) {
 	out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/rbac.yaml", "--set",
 		"authSource.namespace=platform-secrets,authSource.name=ray-auth,authSource.key=token,namespaces={ml-team,ml-batch},pullSecrets={platform-secrets/regcred}")
@@ -99,7 +100,10 @@ func TestKustomizeOverlayRBACMatchesChart(t *testing.T) {
 	for _, o := range renderedObjects(t, kustomize(t, "deploy/kustomize/overlays/example")) {
 		switch o.GetKind() {
 		case "ClusterRole", "ClusterRoleBinding":
-			t.Errorf("the overlay grants %s %s: listed namespaces need no cluster-wide rights", o.GetKind(), o.GetName())
+			if _, ok := want[o.GetKind()+"//"+o.GetName()]; !ok {
+				t.Errorf("the overlay grants %s %s: listed namespaces need no cluster-wide rights", o.GetKind(), o.GetName())
+			}
+			rbac = append(rbac, o)
 		case "Role", "RoleBinding":
 			rbac = append(rbac, o)
 		}
@@ -112,5 +116,34 @@ func TestKustomizeOverlayRBACMatchesChart(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("overlay has %d RBAC objects, chart %d", len(got), len(want))
+	}
+}
+
+// TestKustomizeOverlayWebhookMatchesChart: the overlay's admission webhook is the chart's for the
+// overlay's values: called for the listed namespaces only.
+func TestKustomizeOverlayWebhookMatchesChart(t *testing.T) {
+	out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/webhook.yaml", "--set",
+		"authSource.namespace=platform-secrets,authSource.name=ray-auth,authSource.key=token,namespaces={ml-team,ml-batch},pullSecrets={platform-secrets/regcred}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := byKey(renderedObjects(t, out))
+	if _, ok := want["MutatingWebhookConfiguration//raysync"]; !ok {
+		t.Fatalf("the chart renders no webhook configuration: %v", want)
+	}
+	var webhook []*unstructured.Unstructured
+	for _, o := range renderedObjects(t, kustomize(t, "deploy/kustomize/overlays/example")) {
+		if _, ok := want[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()]; ok || o.GetKind() == "MutatingWebhookConfiguration" {
+			webhook = append(webhook, o)
+		}
+	}
+	got := byKey(webhook)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s differs between the overlay and the chart (patch it in deploy/kustomize/overlays/example/kustomization.yaml):\n%s\n%s", k, got[k], v)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("overlay has %d webhook objects, chart %d", len(got), len(want))
 	}
 }

@@ -64,3 +64,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/* The admission webhook's Service, its DNS names (the serving certificate's SANs) and the Secret raysync
+     keeps its self-issued serving certificate in (self-managed mode). */}}
+{{- define "raysync.webhookService" -}}{{ include "raysync.fullname" . }}-webhook{{- end -}}
+{{- define "raysync.webhookDNSNames" -}}
+{{- $svc := include "raysync.webhookService" . -}}
+{{- list (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) | toJson -}}
+{{- end -}}
+{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.fullname" . }}-webhook-tls{{- end -}}
+{{- define "raysync.webhookCertDir" -}}/etc/raysync/webhook-tls{{- end -}}
+{{/* raysync issues and rotates the serving certificate and keeps the caBundle itself unless cert-manager does. */}}
+{{- define "raysync.webhookSelfManaged" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) -}}true{{- end -}}
+{{- end -}}
