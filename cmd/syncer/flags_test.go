@@ -37,24 +37,41 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("leader election: %v %q", c.leaderElect, c.leaderElectionNS)
 			}
 		}},
-		"missing source":             {args: []string{"--all-namespaces", "--leader-elect=false"}, wantErr: "--auth-source is required"},
-		"source without namespace":   {args: []string{"--auth-source=ray-token", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
-		"source with bad name":       {args: []string{"--auth-source=ns/Bad_Name", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
-		"source with extra slash":    {args: []string{"--auth-source=a/b/c", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
-		"bad source key":             {args: append(base, "--auth-source-key=a b"), wantErr: "not a valid Secret key"},
-		"no scope":                   {args: []string{"--auth-source=a/b", "--leader-elect=false"}, wantErr: "one of --namespaces or --all-namespaces is required"},
-		"both scopes":                {args: append(base, "--namespaces=x"), wantErr: "mutually exclusive"},
-		"bad namespace":              {args: []string{"--auth-source=a/b", "--namespaces=ok,Not_OK", "--leader-elect=false"}, wantErr: `"Not_OK" is not a valid namespace`},
-		"empty namespace in list":    {args: []string{"--auth-source=a/b", "--namespaces=a,,b", "--leader-elect=false"}, wantErr: "is not a valid namespace"},
-		"bad selector":               {args: append(base, "--cluster-selector=a in (b"), wantErr: "--cluster-selector"},
-		"leader election without ns": {args: []string{"--auth-source=a/b", "--all-namespaces"}, getenv: func(string) string { return "" }, wantErr: "--leader-election-namespace"},
-		"bad lease timing":           {args: []string{"--auth-source=a/b", "--all-namespaces", "--leader-election-namespace=x", "--leader-election-renew-deadline=20s"}, wantErr: "retry-period < renew-deadline < lease-duration"},
-		"negative qps":               {args: append(base, "--kube-api-qps=-1"), wantErr: "must not be negative"},
-		"zero workers":               {args: append(base, "--workers=0"), wantErr: "--workers"},
-		"bad log format":             {args: append(base, "--log-format=xml"), wantErr: "--log-format"},
-		"bad log level":              {args: append(base, "--log-level=loud"), wantErr: "--log-level"},
-		"unknown flag":               {args: append(base, "--frobnicate"), wantErr: "flag provided but not defined"},
-		"not a number":               {args: append(base, "--workers=many"), wantErr: "invalid value"},
+		"webhook with its own certificate": {args: append(base, "--webhook-addr=:9443", "--webhook-dns-names=raysync-webhook.raysync.svc", "--precreate-auth-secrets=false"),
+			check: func(t *testing.T, c *config) {
+				if c.webhook.certSecret != (types.NamespacedName{Namespace: "raysync", Name: "raysync-webhook-tls"}) || c.webhook.configuration != "raysync" ||
+					len(c.webhook.dnsNames) != 1 || !c.noPrecreate || !c.projection().NoPrecreate {
+					t.Errorf("webhook: %+v, no precreate %v", c.webhook, c.noPrecreate)
+				}
+			}},
+		"webhook with cert-manager's certificate": {args: append(base, "--webhook-addr=:9443", "--webhook-cert-dir=/etc/tls"), check: func(t *testing.T, c *config) {
+			if c.webhook.certDir != "/etc/tls" || c.webhook.certSecret.Name != "" || c.noPrecreate {
+				t.Errorf("webhook: %+v", c.webhook)
+			}
+		}},
+		"webhook certificate for no name": {args: append(base, "--webhook-addr=:9443"), wantErr: "needs --webhook-dns-names or --webhook-ips"},
+		"webhook bad address":             {args: append(base, "--webhook-addr=9443", "--webhook-ips=127.0.0.1"), wantErr: "--webhook-addr"},
+		"webhook bad IP":                  {args: append(base, "--webhook-addr=:9443", "--webhook-ips=localhost"), wantErr: "not an IP address"},
+		"webhook bad DNS name":            {args: append(base, "--webhook-addr=:9443", "--webhook-dns-names=Not_A_Name"), wantErr: "not a DNS name"},
+		"webhook certificate too short":   {args: append(base, "--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--webhook-cert-validity=10s"), wantErr: "at least 1m"},
+		"missing source":                  {args: []string{"--all-namespaces", "--leader-elect=false"}, wantErr: "--auth-source is required"},
+		"source without namespace":        {args: []string{"--auth-source=ray-token", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
+		"source with bad name":            {args: []string{"--auth-source=ns/Bad_Name", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
+		"source with extra slash":         {args: []string{"--auth-source=a/b/c", "--all-namespaces", "--leader-elect=false"}, wantErr: "is not NAMESPACE/NAME"},
+		"bad source key":                  {args: append(base, "--auth-source-key=a b"), wantErr: "not a valid Secret key"},
+		"no scope":                        {args: []string{"--auth-source=a/b", "--leader-elect=false"}, wantErr: "one of --namespaces or --all-namespaces is required"},
+		"both scopes":                     {args: append(base, "--namespaces=x"), wantErr: "mutually exclusive"},
+		"bad namespace":                   {args: []string{"--auth-source=a/b", "--namespaces=ok,Not_OK", "--leader-elect=false"}, wantErr: `"Not_OK" is not a valid namespace`},
+		"empty namespace in list":         {args: []string{"--auth-source=a/b", "--namespaces=a,,b", "--leader-elect=false"}, wantErr: "is not a valid namespace"},
+		"bad selector":                    {args: append(base, "--cluster-selector=a in (b"), wantErr: "--cluster-selector"},
+		"leader election without ns":      {args: []string{"--auth-source=a/b", "--all-namespaces"}, getenv: func(string) string { return "" }, wantErr: "--leader-election-namespace"},
+		"bad lease timing":                {args: []string{"--auth-source=a/b", "--all-namespaces", "--leader-election-namespace=x", "--leader-election-renew-deadline=20s"}, wantErr: "retry-period < renew-deadline < lease-duration"},
+		"negative qps":                    {args: append(base, "--kube-api-qps=-1"), wantErr: "must not be negative"},
+		"zero workers":                    {args: append(base, "--workers=0"), wantErr: "--workers"},
+		"bad log format":                  {args: append(base, "--log-format=xml"), wantErr: "--log-format"},
+		"bad log level":                   {args: append(base, "--log-level=loud"), wantErr: "--log-level"},
+		"unknown flag":                    {args: append(base, "--frobnicate"), wantErr: "flag provided but not defined"},
+		"not a number":                    {args: append(base, "--workers=many"), wantErr: "invalid value"},
 		"pod features": {args: append(base, "--pull-secret=p/regcred", "--pull-secret=p/other", "--autoscaler-tls-secret=p/tls",
 			"--autoscaler-api-server=https://proxy:6443", "--recycle-pending-pods=false", "--prune=false"), check: func(t *testing.T, c *config) {
 			if len(c.pullSecrets) != 2 || c.autoscalerTLS == nil || c.apiServer == nil || c.apiServer.Port != 6443 || c.recyclePending || c.prune ||

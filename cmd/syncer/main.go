@@ -143,6 +143,10 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 	if err := serve(ctx, log, cfg.metricsAddr, "/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})); err != nil {
 		return err
 	}
+	webhookReady, err := startWebhook(ctx, cfg, kube, ctrl, m, log)
+	if err != nil {
+		return err
+	}
 	probes := http.NewServeMux()
 	probes.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := healthz.Check(r); err != nil {
@@ -156,6 +160,10 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
 			return
 		}
+		if !webhookReady() {
+			http.Error(w, "no webhook serving certificate yet", http.StatusServiceUnavailable)
+			return
+		}
 		// Watches cannot make progress while the API server is unreachable: say so.
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
@@ -166,9 +174,6 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		_, _ = w.Write([]byte("ok"))
 	})
 	if err := serve(ctx, log, cfg.probeAddr, "/", probes); err != nil {
-		return err
-	}
-	if err := startWebhook(ctx, cfg, kube, ctrl, m, log); err != nil {
 		return err
 	}
 

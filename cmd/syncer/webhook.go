@@ -19,14 +19,16 @@ import (
 
 // startWebhook serves the admission webhook on every replica (its answers come from the caches and
 // need no leadership), with a certificate from --webhook-cert-dir or one raysync issues and renews.
-func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, ctrl *projection.Controller, m *metrics.Metrics, log *zap.Logger) error {
+// ready reports whether it can complete a TLS handshake (the Service sends calls to ready pods only).
+func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, ctrl *projection.Controller, m *metrics.Metrics, log *zap.Logger) (ready func() bool, err error) {
+	ready = func() bool { return true }
 	w := cfg.webhook
 	if w.addr == "" {
-		return nil
+		return ready, nil
 	}
 	if cfg.dryRun {
 		log.Info("dry-run: not serving the admission webhook (it would change pods and Secrets)")
-		return nil
+		return ready, nil
 	}
 	var getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	if w.certDir != "" {
@@ -37,9 +39,10 @@ func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, c
 		getCert = cm.GetCertificate
 		go cm.Run(ctx, min(30*time.Second, w.certValidity/10))
 	}
+	ready = func() bool { c, err := getCert(nil); return err == nil && c != nil }
 	ln, err := net.Listen("tcp", w.addr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", w.addr, err)
+		return nil, fmt.Errorf("listen %s: %w", w.addr, err)
 	}
 	srv := &http.Server{Handler: admission.Handler(ctrl.Admitter(), m, log), ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{GetCertificate: getCert, MinVersion: tls.VersionTLS12}}
@@ -55,5 +58,5 @@ func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, c
 		_ = srv.Shutdown(sctx)
 	}()
 	log.Info("serving the admission webhook", zap.String("addr", ln.Addr().String()))
-	return nil
+	return ready, nil
 }
