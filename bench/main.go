@@ -48,6 +48,9 @@ type result struct {
 	Race     []raceResult           `json:"new_cluster_race"`
 	Running  []runningRotationResult `json:"running_rotation,omitempty"`
 	Fleet    []fleetResult          `json:"fleet_rotation,omitempty"`
+	// Admission: new clusters today and with the webhook; the webhook under a burst of pods.
+	Admission []admissionResult `json:"admission,omitempty"`
+	Burst     *burstResult      `json:"admission_burst,omitempty"`
 	Rotation []rotationResult       `json:"rotation"`
 	Idle     *idleResult            `json:"idle,omitempty"`
 	Memory   []memoryResult         `json:"memory"`
@@ -115,7 +118,7 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
-	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet", "which scenarios to run")
+	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission", "which scenarios to run")
 	runningPolicies := flag.String("running-policies", "hold,restart", "standalone clusters' rotation policies the running scenario measures, one run each")
 	before := flag.String("before", "77f3cf1", "the raysync commit whose rotation behaviour the fleet scenario compares with (before safe rotation)")
 	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
@@ -126,11 +129,13 @@ func main() {
 	raceDelays := []time.Duration{0, 100 * time.Millisecond, time.Second}
 	runningServices, runningClusters, runningFor, probeEvery := 10, 10, 5*time.Minute, 10*time.Second
 	fleetN, fleetBounds, fleetLimit := 100, []int{5, 10, 20}, 20*time.Minute
+	admissionN, burstN := 50, 1000
 	if *smoke {
 		ns, idleFor, memN, memM, raceN, esoN, esoRounds = []int{20}, 12*time.Second, 20, 200, 3, 20, 1
 		esoLimit1h = 15 * time.Second
 		runningServices, runningClusters, runningFor, probeEvery = 1, 2, 8*time.Second, 2*time.Second
 		fleetN, fleetBounds, fleetLimit, *before = 3, []int{2}, 3*time.Minute, ""
+		admissionN, burstN = 3, 50
 	}
 	if *sizes != "" {
 		ns = nil
@@ -161,7 +166,7 @@ func main() {
 	audit, auditFlags := auditArgs(dir)
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
-		OperatorArgs: []string{"--watch-namespace=" + strings.Join([]string{raceNamespace, runningNamespace, runningNamespace + "-restart", fleetNamespace}, ",")},
+		OperatorArgs: []string{"--watch-namespace=" + strings.Join([]string{raceNamespace, runningNamespace, runningNamespace + "-restart", fleetNamespace, admissionNamespace}, ",")},
 		StandIn:      standIn,
 		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
@@ -195,6 +200,17 @@ func main() {
 	}
 	if run["fleet"] {
 		res.Fleet = (&bench{cp: cp, bin: bin, ns: fleetNamespace}).fleetRotation(fleetN, fleetBounds, *before, fleetLimit)
+	}
+	if run["admission"] {
+		b := &bench{cp: cp, bin: bin, ns: admissionNamespace}
+		b.admissionSources()
+		for _, d := range raceDelays {
+			for _, webhook := range []bool{false, true} {
+				res.Admission = append(res.Admission, b.admissionRound(admissionN, d, webhook))
+			}
+		}
+		burst := b.admissionBurst(burstN)
+		res.Burst = &burst
 	}
 
 	// Memory: peak RSS with N clusters, before and after M unrelated 8 KiB Secrets exist; then ESO at M.
@@ -558,6 +574,16 @@ func printTable(r result) {
 		}
 		fmt.Printf("| %d | %s | %v | %.0f s | %d | %d | %d |\n", x.RayServices, bound, x.Done, x.WallSeconds, x.PeakInFlight, x.OperatorRejected, x.JoinFailures)
 	}
+	if len(r.Admission) > 0 {
+		fmt.Printf("\n| new clusters with a pull secret and autoscaler TLS (%d at once), pod start delay | mode | pods created | born without raysync's entries | recycled | started without them | starts on a non-canonical token | creation → all pods started p50 / max |\n|---|---|---|---|---|---|---|---|\n", r.Admission[0].Clusters)
+	}
+	for _, x := range r.Admission {
+		fmt.Printf("| %d ms | %s | %d | %d | %d | %d | %d of %d | %.0f / %.0f ms |\n", x.StartDelayMs, x.Mode, x.Pods, x.BornWithout, x.Recycled, x.StartedWithout, x.NonCanonical, x.ContainerStarts, x.ReadyP50Ms, x.ReadyMaxMs)
+	}
+	if x := r.Burst; x != nil {
+		fmt.Printf("\n| webhook, burst of %d pods (32 at a time) | answer p50 / p99 (server, bucket bound) | pod create p50 / p99 with webhook | without | raysync CPU | peak RSS |\n|---|---|---|---|---|---|\n", x.Pods)
+		fmt.Printf("| %d mutated | ≤ %.2f / ≤ %.2f ms | %.1f / %.1f ms | %.1f / %.1f ms | %.2f s | %.1f MiB |\n", x.Mutated, x.ServerP50Ms, x.ServerP99Ms, x.CreateP50Ms, x.CreateP99Ms, x.CreateNoHookP50Ms, x.CreateNoHookP99Ms, x.CPUSeconds, x.PeakRSSMi)
+	}
 	if x := r.Idle; x != nil {
 		fmt.Printf("\n| idle, raysync (N = %d, %.0f s) | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|\n", x.N, x.Seconds)
 		fmt.Printf("| | %d | %.3f | %s | %.1f s |\n", x.Writes, x.RequestsPerSec, breakdown(x.Requests), x.SettleSeconds)
@@ -574,7 +600,17 @@ func printTable(r result) {
 			fmt.Printf("| %s | %d | %.0f ms | %.0f ms | %.0f ms | %d / %d | %d |\n", x.Client, x.Round, x.P50Ms, x.P99Ms, x.LastMs, x.Done, x.N, x.Writes)
 		}
 		fmt.Println("\n| side by side: idle | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|")
-		if x := r.Idle; x != nil {
+		if len(r.Admission) > 0 {
+		fmt.Printf("\n| new clusters with a pull secret and autoscaler TLS (%d at once), pod start delay | mode | pods created | born without raysync's entries | recycled | started without them | starts on a non-canonical token | creation → all pods started p50 / max |\n|---|---|---|---|---|---|---|---|\n", r.Admission[0].Clusters)
+	}
+	for _, x := range r.Admission {
+		fmt.Printf("| %d ms | %s | %d | %d | %d | %d | %d of %d | %.0f / %.0f ms |\n", x.StartDelayMs, x.Mode, x.Pods, x.BornWithout, x.Recycled, x.StartedWithout, x.NonCanonical, x.ContainerStarts, x.ReadyP50Ms, x.ReadyMaxMs)
+	}
+	if x := r.Burst; x != nil {
+		fmt.Printf("\n| webhook, burst of %d pods (32 at a time) | answer p50 / p99 (server, bucket bound) | pod create p50 / p99 with webhook | without | raysync CPU | peak RSS |\n|---|---|---|---|---|---|\n", x.Pods)
+		fmt.Printf("| %d mutated | ≤ %.2f / ≤ %.2f ms | %.1f / %.1f ms | %.1f / %.1f ms | %.2f s | %.1f MiB |\n", x.Mutated, x.ServerP50Ms, x.ServerP99Ms, x.CreateP50Ms, x.CreateP99Ms, x.CreateNoHookP50Ms, x.CreateNoHookP99Ms, x.CPUSeconds, x.PeakRSSMi)
+	}
+	if x := r.Idle; x != nil {
 			fmt.Printf("| raysync (N = %d) | %d | %.3f | %s | %.1f s |\n", x.N, x.Writes, x.RequestsPerSec, breakdown(x.Requests), x.SettleSeconds)
 		}
 		for _, x := range e.Idle {

@@ -137,7 +137,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		AdmissionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "raysync_admission_duration_seconds",
 			Help:    "Time the webhook took to answer an admission request, by resource.",
-			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 13), // 0.25 ms … 1 s
+			Buckets: prometheus.ExponentialBuckets(0.0001, 1.5, 24), // 0.1 ms … 1.1 s
 		}, []string{"resource"}),
 		WebhookCertExpiry: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "raysync_webhook_cert_expiry_timestamp_seconds",

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +44,29 @@ type Admitter struct {
 	// Wait bounds how long a request waits for the caches to show the RayCluster: KubeRay creates a
 	// cluster's Secret and pods moments after the cluster itself.
 	Wait time.Duration
+
+	mu       sync.Mutex
+	memoKey  string
+	memoAt   time.Time
+	memoView *sourceView
+}
+
+// sources is the validated sources, reused for up to a second while no source Secret changed: a
+// burst of pods would otherwise parse the client certificate once per pod.
+func (a *Admitter) sources(now time.Time) *sourceView {
+	var key strings.Builder
+	for _, n := range a.gather.cfg.Watched() {
+		if s, ok := a.gather.caches.Source(n); ok {
+			key.WriteString(string(s.UID) + "/" + s.ResourceVersion)
+		}
+		key.WriteByte(',')
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.memoView == nil || a.memoKey != key.String() || now.Sub(a.memoAt) > time.Second || now.Before(a.memoAt) {
+		a.memoView, a.memoKey, a.memoAt = a.gather.sources(now), key.String(), now
+	}
+	return a.memoView
 }
 
 // Admitter returns the controller's admission decisions (they need no leadership: they write nothing).
@@ -87,7 +111,8 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []PatchO
 	if owner := metav1.GetControllerOf(&meta); owner == nil || owner.UID != rc.GetUID() {
 		return nil, AdmitSkipped, "pod not controlled by its RayCluster"
 	}
-	in := a.gather.cluster(rc, a.gather.sources(a.now()), a.now())
+	now := a.now()
+	in := a.gather.cluster(rc, a.sources(now), now)
 	tc, _, _ := podTemplateConfig(in, &ClusterPlan{})
 	ops, err := podPatch(pod, tc, Autoscaling(rc))
 	switch {
@@ -161,7 +186,7 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []Pat
 		return nil, AdmitSkipped, "not the cluster's generated auth Secret"
 	}
 	now := a.now()
-	in := a.gather.cluster(rc, a.gather.sources(now), now)
+	in := a.gather.cluster(rc, a.sources(now), now)
 	src := in.Sources.token
 	switch {
 	case !src.valid():

@@ -205,3 +205,25 @@ func TestAdmitSecret(t *testing.T) {
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// The admitter reuses validated sources for at most a second, and never once a source changed.
+func TestAdmitterSeesSourceChanges(t *testing.T) {
+	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")}, sourceSecret(token))
+	a := h.ctrl.Admitter()
+	raw, _ := json.Marshal(secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1")))
+	tokenIn := func() string {
+		ops, _, _ := a.Secret(context.Background(), ns, raw)
+		if len(ops) == 0 {
+			return ""
+		}
+		b, _ := ops[0].Value.([]byte)
+		return string(b)
+	}
+	if got := tokenIn(); got != token {
+		t.Fatal("first admission does not carry the canonical token")
+	}
+	if err := h.updateSource(sourceSecret("rotated-token-value-0123456789abcdef")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return tokenIn() == "rotated-token-value-0123456789abcdef" })
+}

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"syscall"
@@ -171,4 +172,24 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkAdmitPod is one webhook decision for an autoscaling head with a pull secret and the
+// autoscaler's client certificate configured: its CPU time and allocations per request.
+func BenchmarkAdmitPod(b *testing.B) {
+	crt, key := testCert(b)
+	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "client-tls"}
+	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
+	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: DefaultTLSMountPath}}
+	h := newDryRunHarness(b, false, cfg, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token), pullSecretSource(), tlsSecret)
+	a := h.ctrl.Admitter()
+	raw := []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
+		"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ops, result, _ := a.Pod(context.Background(), ns, raw); result != AdmitMutated || len(ops) != 4 {
+			b.Fatalf("%s %v", result, ops)
+		}
+	}
 }
