@@ -67,13 +67,13 @@ type burstResult struct {
 	ServerP50Ms float64 `json:"server_p50_ms_at_most"`
 	ServerP99Ms float64 `json:"server_p99_ms_at_most"`
 	// Client side: pod create calls with the webhook, and the same burst without it.
-	CreateP50Ms        float64 `json:"create_p50_ms"`
-	CreateP99Ms        float64 `json:"create_p99_ms"`
-	CreateNoHookP50Ms  float64 `json:"create_without_webhook_p50_ms"`
-	CreateNoHookP99Ms  float64 `json:"create_without_webhook_p99_ms"`
-	CPUSeconds         float64 `json:"raysync_cpu_seconds"`
-	PeakRSSMi          float64 `json:"raysync_peak_rss_mib"`
-	Mutated            int     `json:"mutated"`
+	CreateP50Ms       float64 `json:"create_p50_ms"`
+	CreateP99Ms       float64 `json:"create_p99_ms"`
+	CreateNoHookP50Ms float64 `json:"create_without_webhook_p50_ms"`
+	CreateNoHookP99Ms float64 `json:"create_without_webhook_p99_ms"`
+	CPUSeconds        float64 `json:"raysync_cpu_seconds"`
+	PeakRSSMi         float64 `json:"raysync_peak_rss_mib"`
+	Mutated           int     `json:"mutated"`
 }
 
 // admissionSources puts the canonical token, a registry Secret and an autoscaler client certificate
@@ -327,7 +327,7 @@ func (b *bench) createPods(n int, prefix string, rc *unstructured.Unstructured) 
 	lat := make([]float64, n)
 	parallel(n, 32, func(i int) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%04d", prefix, i), Namespace: admissionBurstNamespace,
-			Labels: map[string]string{"ray.io/cluster": rc.GetName(), "ray.io/node-type": "head", "app.kubernetes.io/created-by": "kuberay-operator"},
+			Labels:          map[string]string{"ray.io/cluster": rc.GetName(), "ray.io/node-type": "head", "app.kubernetes.io/created-by": "kuberay-operator"},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(rc, rcGVR.GroupVersion().WithKind("RayCluster"))}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "ray-head", Image: "rayproject/ray:2.52.0"},
 				{Name: "autoscaler", Image: "rayproject/ray:2.52.0"}}}}

@@ -22,12 +22,12 @@ const fleetNamespace = "fleet"
 // fleetResult is one fleet rotation of RayServices: by raysync at a bound, or by the behaviour before
 // rotation was made safe (the Secret written under running clusters).
 type fleetResult struct {
-	KubeRay     string  `json:"kuberay"`
-	RayServices int     `json:"rayservices"`
-	Bound       int     `json:"bound"`    // --max-concurrent-rotations; 0: the previous behaviour
-	WallSeconds float64 `json:"wall_s"`   // rotation → every RayService serving from a cluster started on the new token
-	Done        bool    `json:"complete"` // false: not done within the limit (always, for the previous behaviour)
-	PeakInFlight int    `json:"peak_in_flight"`
+	KubeRay      string  `json:"kuberay"`
+	RayServices  int     `json:"rayservices"`
+	Bound        int     `json:"bound"`    // --max-concurrent-rotations; 0: the previous behaviour
+	WallSeconds  float64 `json:"wall_s"`   // rotation → every RayService serving from a cluster started on the new token
+	Done         bool    `json:"complete"` // false: not done within the limit (always, for the previous behaviour)
+	PeakInFlight int     `json:"peak_in_flight"`
 	// OperatorRejected counts the operator's requests the fleet's clusters refused for their token.
 	OperatorRejected int `json:"operator_requests_rejected"`
 	JoinFailures     int `json:"worker_join_failures"`

@@ -42,19 +42,19 @@ import (
 )
 
 type result struct {
-	Commit   string                 `json:"commit"`
-	CPUs     int                    `json:"cpus"`
-	Smoke    bool                   `json:"smoke"`
-	Race     []raceResult           `json:"new_cluster_race"`
-	Running  []runningRotationResult `json:"running_rotation,omitempty"`
-	Fleet    []fleetResult          `json:"fleet_rotation,omitempty"`
+	Commit  string                  `json:"commit"`
+	CPUs    int                     `json:"cpus"`
+	Smoke   bool                    `json:"smoke"`
+	Race    []raceResult            `json:"new_cluster_race"`
+	Running []runningRotationResult `json:"running_rotation,omitempty"`
+	Fleet   []fleetResult           `json:"fleet_rotation,omitempty"`
 	// Admission: new clusters today and with the webhook; the webhook under a burst of pods.
 	Admission []admissionResult `json:"admission,omitempty"`
 	Burst     *burstResult      `json:"admission_burst,omitempty"`
-	Rotation []rotationResult       `json:"rotation"`
-	Idle     *idleResult            `json:"idle,omitempty"`
-	Memory   []memoryResult         `json:"memory"`
-	ESO      *esoResult             `json:"external_secrets_operator,omitempty"`
+	Rotation  []rotationResult  `json:"rotation"`
+	Idle      *idleResult       `json:"idle,omitempty"`
+	Memory    []memoryResult    `json:"memory"`
+	ESO       *esoResult        `json:"external_secrets_operator,omitempty"`
 }
 
 // esoResult is raysync and External Secrets Operator on the same N targets, run alternately.
@@ -601,16 +601,16 @@ func printTable(r result) {
 		}
 		fmt.Println("\n| side by side: idle | target writes | API requests/s | requests | quiet after the last change |\n|---|---|---|---|---|")
 		if len(r.Admission) > 0 {
-		fmt.Printf("\n| new clusters with a pull secret and autoscaler TLS (%d at once), pod start delay | mode | pods created | born without raysync's entries | recycled | started without them | starts on a non-canonical token | creation → all pods started p50 / max |\n|---|---|---|---|---|---|---|---|\n", r.Admission[0].Clusters)
-	}
-	for _, x := range r.Admission {
-		fmt.Printf("| %d ms | %s | %d | %d | %d | %d | %d of %d | %.0f / %.0f ms |\n", x.StartDelayMs, x.Mode, x.Pods, x.BornWithout, x.Recycled, x.StartedWithout, x.NonCanonical, x.ContainerStarts, x.ReadyP50Ms, x.ReadyMaxMs)
-	}
-	if x := r.Burst; x != nil {
-		fmt.Printf("\n| webhook, burst of %d pods (32 at a time) | answer p50 / p99 (server, bucket bound) | pod create p50 / p99 with webhook | without | raysync CPU | peak RSS |\n|---|---|---|---|---|---|\n", x.Pods)
-		fmt.Printf("| %d mutated | ≤ %.2f / ≤ %.2f ms | %.1f / %.1f ms | %.1f / %.1f ms | %.2f s | %.1f MiB |\n", x.Mutated, x.ServerP50Ms, x.ServerP99Ms, x.CreateP50Ms, x.CreateP99Ms, x.CreateNoHookP50Ms, x.CreateNoHookP99Ms, x.CPUSeconds, x.PeakRSSMi)
-	}
-	if x := r.Idle; x != nil {
+			fmt.Printf("\n| new clusters with a pull secret and autoscaler TLS (%d at once), pod start delay | mode | pods created | born without raysync's entries | recycled | started without them | starts on a non-canonical token | creation → all pods started p50 / max |\n|---|---|---|---|---|---|---|---|\n", r.Admission[0].Clusters)
+		}
+		for _, x := range r.Admission {
+			fmt.Printf("| %d ms | %s | %d | %d | %d | %d | %d of %d | %.0f / %.0f ms |\n", x.StartDelayMs, x.Mode, x.Pods, x.BornWithout, x.Recycled, x.StartedWithout, x.NonCanonical, x.ContainerStarts, x.ReadyP50Ms, x.ReadyMaxMs)
+		}
+		if x := r.Burst; x != nil {
+			fmt.Printf("\n| webhook, burst of %d pods (32 at a time) | answer p50 / p99 (server, bucket bound) | pod create p50 / p99 with webhook | without | raysync CPU | peak RSS |\n|---|---|---|---|---|---|\n", x.Pods)
+			fmt.Printf("| %d mutated | ≤ %.2f / ≤ %.2f ms | %.1f / %.1f ms | %.1f / %.1f ms | %.2f s | %.1f MiB |\n", x.Mutated, x.ServerP50Ms, x.ServerP99Ms, x.CreateP50Ms, x.CreateP99Ms, x.CreateNoHookP50Ms, x.CreateNoHookP99Ms, x.CPUSeconds, x.PeakRSSMi)
+		}
+		if x := r.Idle; x != nil {
 			fmt.Printf("| raysync (N = %d) | %d | %.3f | %s | %.1f s |\n", x.N, x.Writes, x.RequestsPerSec, breakdown(x.Requests), x.SettleSeconds)
 		}
 		for _, x := range e.Idle {

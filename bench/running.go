@@ -31,12 +31,12 @@ var rayServiceGVR = rcGVR.GroupVersion().WithResource("rayservices")
 // runningRotationResult is a rotation with running clusters: what a canonical-token rotation does
 // to RayServices and RayClusters that are already running (see RELIABILITY.md).
 type runningRotationResult struct {
-	KubeRay         string  `json:"kuberay"`
+	KubeRay string `json:"kuberay"`
 	// RayClusterPolicy is the standalone clusters' rotation policy ("" for a raysync without one).
-	RayClusterPolicy string `json:"raycluster_policy,omitempty"`
-	RayServices     int     `json:"rayservices"`
-	RayClusters     int     `json:"rayclusters"`
-	ObservedSeconds float64 `json:"observed_s"`
+	RayClusterPolicy string  `json:"raycluster_policy,omitempty"`
+	RayServices      int     `json:"rayservices"`
+	RayClusters      int     `json:"rayclusters"`
+	ObservedSeconds  float64 `json:"observed_s"`
 	// OperatorRejected counts the operator's dashboard requests the running clusters refused
 	// (401/403) after the rotation; OperatorAccepted the ones they took.
 	OperatorRejected int `json:"operator_requests_rejected"`
