@@ -46,6 +46,8 @@ type admissionResult struct {
 	Mode         string `json:"mode"` // "today" or "webhook"
 	StartDelayMs int    `json:"start_delay_ms"`
 	Clusters     int    `json:"clusters"`
+	// SpacingMs: the clusters were created this far apart (0: all at once).
+	SpacingMs int `json:"spacing_ms"`
 	// Pods created in all (recycled ones included), born without raysync's entries, recycled by
 	// raysync, and started (a container ran) without them.
 	Pods           int `json:"pods_created"`
@@ -135,7 +137,7 @@ func (b *bench) startWithWebhook(webhook bool, namespaces []string, extra ...str
 
 // admissionRound creates n autoscaling RayClusters with a private image at once, pods starting
 // startDelay after creation, and follows every pod from birth to its first container start.
-func (b *bench) admissionRound(n int, startDelay time.Duration, webhook bool) admissionResult {
+func (b *bench) admissionRound(n int, startDelay, spacing time.Duration, webhook bool) admissionResult {
 	ctx := context.Background()
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, framework.StandInStartDelay, startDelay.String())
 	_, err := b.cp.Kube.CoreV1().Namespaces().Patch(ctx, b.ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
@@ -167,10 +169,17 @@ func (b *bench) admissionRound(n int, startDelay time.Duration, webhook bool) ad
 		}
 	}()
 
-	prefix := fmt.Sprintf("adm-%s-%dms-", mode, startDelay.Milliseconds())
+	prefix := fmt.Sprintf("adm-%s-%dms-%ds-", mode, startDelay.Milliseconds(), int(spacing.Seconds()))
 	names := make([]string, n)
 	created := make([]time.Time, n)
-	parallel(n, 16, func(i int) {
+	workers := 16
+	if spacing > 0 {
+		workers = 1
+	}
+	parallel(n, workers, func(i int) {
+		if spacing > 0 && i > 0 {
+			time.Sleep(spacing)
+		}
 		names[i] = fmt.Sprintf("%s%02d", prefix, i)
 		rc := rayClusterWithWorkers(b.ns, names[i], 1)
 		spec := rc.Object["spec"].(map[string]any)
@@ -227,7 +236,7 @@ func (b *bench) admissionRound(n int, startDelay time.Duration, webhook bool) ad
 	}))
 	time.Sleep(time.Second) // the watch delivers the last births
 
-	r := admissionResult{Mode: mode, StartDelayMs: int(startDelay.Milliseconds()), Clusters: n}
+	r := admissionResult{Mode: mode, StartDelayMs: int(startDelay.Milliseconds()), Clusters: n, SpacingMs: int(spacing.Milliseconds())}
 	starts, err := b.cp.Ray.Starts(ctx, b.ns)
 	check(err)
 	started := map[string]bool{}
@@ -267,8 +276,8 @@ func (b *bench) admissionRound(n int, startDelay time.Duration, webhook bool) ad
 	}
 	sort.Float64s(ms)
 	r.ReadyP50Ms, r.ReadyMaxMs = pct(ms, 50), ms[len(ms)-1]
-	fmt.Fprintf(os.Stderr, "bench: admission %s at start delay %s: %d pods, %d born without entries, %d recycled, %d started without, %d of %d starts non-canonical, all started p50 %.0f ms\n",
-		mode, startDelay, r.Pods, r.BornWithout, r.Recycled, r.StartedWithout, r.NonCanonical, r.ContainerStarts, r.ReadyP50Ms)
+	fmt.Fprintf(os.Stderr, "bench: admission %s, %d clusters %s apart, at start delay %s: %d pods, %d born without entries, %d recycled, %d started without, %d of %d starts non-canonical, all started p50 %.0f ms\n",
+		mode, n, spacing, startDelay, r.Pods, r.BornWithout, r.Recycled, r.StartedWithout, r.NonCanonical, r.ContainerStarts, r.ReadyP50Ms)
 	check(b.cp.Dynamic.Resource(rcGVR).Namespace(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
 	return r
 }

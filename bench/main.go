@@ -204,9 +204,15 @@ func main() {
 	if run["admission"] {
 		b := &bench{cp: cp, bin: bin, ns: admissionNamespace}
 		b.admissionSources()
-		for _, d := range raceDelays {
-			for _, webhook := range []bool{false, true} {
-				res.Admission = append(res.Admission, b.admissionRound(admissionN, d, webhook))
+		for _, spacing := range []time.Duration{0, 2 * time.Second} {
+			n := admissionN
+			if spacing > 0 {
+				n = min(admissionN, 10) // one at a time, as blue-green upgrades and RayJobs come
+			}
+			for _, d := range raceDelays {
+				for _, webhook := range []bool{false, true} {
+					res.Admission = append(res.Admission, b.admissionRound(n, d, spacing, webhook))
+				}
 			}
 		}
 		burst := b.admissionBurst(burstN)
@@ -575,10 +581,14 @@ func printTable(r result) {
 		fmt.Printf("| %d | %s | %v | %.0f s | %d | %d | %d |\n", x.RayServices, bound, x.Done, x.WallSeconds, x.PeakInFlight, x.OperatorRejected, x.JoinFailures)
 	}
 	if len(r.Admission) > 0 {
-		fmt.Printf("\n| new clusters with a pull secret and autoscaler TLS (%d at once), pod start delay | mode | pods created | born without raysync's entries | recycled | started without them | starts on a non-canonical token | creation → all pods started p50 / max |\n|---|---|---|---|---|---|---|---|\n", r.Admission[0].Clusters)
+		fmt.Printf("\n| new clusters with a pull secret and autoscaler TLS | pod start delay | mode | pods created | born without raysync's entries | recycled | started without them | starts on a non-canonical token | creation → all pods started p50 / max |\n|---|---|---|---|---|---|---|---|---|\n")
 	}
 	for _, x := range r.Admission {
-		fmt.Printf("| %d ms | %s | %d | %d | %d | %d | %d of %d | %.0f / %.0f ms |\n", x.StartDelayMs, x.Mode, x.Pods, x.BornWithout, x.Recycled, x.StartedWithout, x.NonCanonical, x.ContainerStarts, x.ReadyP50Ms, x.ReadyMaxMs)
+		how := fmt.Sprintf("%d at once", x.Clusters)
+		if x.SpacingMs > 0 {
+			how = fmt.Sprintf("%d, %d s apart", x.Clusters, x.SpacingMs/1000)
+		}
+		fmt.Printf("| %s | %d ms | %s | %d | %d | %d | %d | %d of %d | %.0f / %.0f ms |\n", how, x.StartDelayMs, x.Mode, x.Pods, x.BornWithout, x.Recycled, x.StartedWithout, x.NonCanonical, x.ContainerStarts, x.ReadyP50Ms, x.ReadyMaxMs)
 	}
 	if x := r.Burst; x != nil {
 		fmt.Printf("\n| webhook, burst of %d pods (32 at a time) | answer p50 / p99 (server, bucket bound) | pod create p50 / p99 with webhook | without | raysync CPU | peak RSS |\n|---|---|---|---|---|---|\n", x.Pods)
