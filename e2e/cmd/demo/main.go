@@ -85,8 +85,9 @@ func main() {
 
 	step("3. Start raysync")
 	metricsURL := startSyncer(ctx, root, dir, cp)
-	fmt.Printf("   raysync --auth-source=%s/%s --namespaces=%s --pull-secret=%s/regcred \\\n     --autoscaler-tls-secret=%s/autoscaler-tls --autoscaler-api-server=%s\n   logs: .dev/syncer.log, metrics: %s\n",
-		ns, sourceName, ns, platformNS, platformNS, apiProxy, metricsURL)
+	fmt.Printf("   raysync --auth-source=%s/%s --namespaces=%s --pull-secret=%s/regcred \\\n     --autoscaler-tls-secret=%s/autoscaler-tls --autoscaler-api-server=%s \\\n     --webhook-addr=127.0.0.1:PORT --webhook-ips=127.0.0.1 --webhook-configuration=%s\n   logs: .dev/syncer.log, metrics: %s\n",
+		ns, sourceName, ns, platformNS, platformNS, apiProxy, webhookName, metricsURL)
+	fmt.Printf("   its admission webhook (MutatingWebhookConfiguration %s, failurePolicy Ignore) gives Ray pods their pull secret and\n   autoscaler TLS, and a new cluster's auth Secret the canonical token, as they are created\n", webhookName)
 
 	step("4. Apply a token-auth RayService (private image, autoscaling); KubeRay creates its RayCluster")
 	svc := rayService()
@@ -97,7 +98,7 @@ func main() {
 	blue := waitNewCluster(ctx, cp, "")
 	waitCanonical(ctx, cp, blue)
 	show(ctx, cp)
-	showPods(ctx, cp, blue)
+	showPods(ctx, cp, blue, metricsURL)
 	waitReady(ctx, cp, blue)
 	fmt.Printf("   RayService %s Ready %s after it was applied (cluster %s active)\n", svcName, time.Since(created).Round(time.Second), blue)
 	serving(ctx, cp)
@@ -240,9 +241,16 @@ func startSyncer(ctx context.Context, root, dir string, cp *framework.ControlPla
 	logf, err := os.Create(filepath.Join(dir, "syncer.log"))
 	check(err)
 	defer logf.Close()
+	hook, err := framework.FreePort()
+	check(err)
+	api := cp.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	_ = api.Delete(ctx, webhookName, metav1.DeleteOptions{}) // an earlier demo's, with another port
+	_, err = api.Create(ctx, framework.WebhookConfiguration(webhookName, hook, []string{ns}), metav1.CreateOptions{})
+	check(err)
 	cmd := exec.Command(bin, "--kubeconfig="+filepath.Join(dir, "kubeconfig"), "--auth-source="+ns+"/"+sourceName,
 		"--namespaces="+ns, "--leader-election-namespace="+ns,
 		"--pull-secret="+platformNS+"/regcred", "--autoscaler-tls-secret="+platformNS+"/autoscaler-tls", "--autoscaler-api-server="+apiProxy,
+		fmt.Sprintf("--webhook-addr=127.0.0.1:%d", hook), "--webhook-ips=127.0.0.1", "--webhook-configuration="+webhookName,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", port), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -387,6 +395,26 @@ func show(ctx context.Context, cp *framework.ControlPlane) {
 	_ = w.Flush()
 }
 
+// recycled reads raysync_pods_recycled_total (all reasons).
+func recycled(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n := 0.0
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "raysync_pods_recycled_total{") {
+			var v float64
+			if _, err := fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &v); err == nil {
+				n += v
+			}
+		}
+	}
+	return int(n)
+}
+
 func metricsExcerpt(url string) {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -396,7 +424,7 @@ func metricsExcerpt(url string) {
 	b, _ := io.ReadAll(resp.Body)
 	fmt.Println("   raysync metrics:")
 	for _, line := range strings.Split(string(b), "\n") {
-		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_rotation_clusters", "raysync_rotations_performed_total", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum"} {
+		for _, p := range []string{"raysync_source_", "raysync_targets", "raysync_target_in_sync", "raysync_rotation_clusters", "raysync_rotations_performed_total", "raysync_sync_total", "raysync_propagation_seconds_count", "raysync_propagation_seconds_sum", "raysync_admission_requests_total", "raysync_pods_recycled_total"} {
 			if strings.HasPrefix(line, p) {
 				fmt.Println("     " + line)
 			}
@@ -431,8 +459,12 @@ func selfSignedClientCert() (crt, key []byte) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
 
-// showPods waits until KubeRay's pods carry raysync's pod-level entries and prints them.
-func showPods(ctx context.Context, cp *framework.ControlPlane, cluster string) {
+// webhookName is the demo's MutatingWebhookConfiguration (URL-form: the API server calls raysync on 127.0.0.1).
+const webhookName = "raysync-demo"
+
+// showPods waits until KubeRay's pods carry raysync's pod-level entries and prints them, and how they
+// got them: at creation (the webhook) or by recycling.
+func showPods(ctx context.Context, cp *framework.ControlPlane, cluster, metricsURL string) {
 	var pods []corev1.Pod
 	check(wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		l, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster})
@@ -458,7 +490,11 @@ func showPods(ctx context.Context, cp *framework.ControlPlane, cluster string) {
 		}
 		return hasHead && len(pods) >= 3, nil
 	}))
-	fmt.Println("   pods KubeRay created before raysync patched the templates were recycled; their replacements carry:")
+	if n := recycled(metricsURL); n == 0 {
+		fmt.Println("   every pod was born with raysync's entries (the admission webhook added them at creation; 0 recycled):")
+	} else {
+		fmt.Printf("   %d pods created without raysync's entries were recycled; the pods now carry:\n", n)
+	}
 	for _, p := range pods {
 		var refs []string
 		for _, r := range p.Spec.ImagePullSecrets {
