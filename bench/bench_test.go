@@ -60,6 +60,20 @@ func TestSmoke(t *testing.T) {
 		r.Fleet[0].PeakInFlight > r.Fleet[0].Bound {
 		t.Errorf("fleet rotation: %+v (want done, within the bound, nothing refused)", r.Fleet)
 	}
+	if len(r.Admission) != 12 {
+		t.Errorf("admission: %d rounds, want 12 (at once and one at a time, 3 start delays, today and webhook)", len(r.Admission))
+	}
+	for _, x := range r.Admission {
+		if x.Pods < 2*x.Clusters || x.ContainerStarts == 0 {
+			t.Errorf("admission %+v: pods or starts not counted", x)
+		}
+		if x.Mode == "webhook" && (x.BornWithout != 0 || x.Recycled != 0 || x.NonCanonical != 0) {
+			t.Errorf("admission with the webhook: %+v (want every pod born with raysync's entries on the canonical token)", x)
+		}
+	}
+	if b := r.Burst; b == nil || b.Mutated != b.Pods || b.ServerP99Ms <= 0 {
+		t.Errorf("admission burst: %+v (want every pod mutated and the answer time measured)", b)
+	}
 	e := r.ESO
 	if e == nil || len(e.Rotation) != 3 || len(e.Idle) != 2 || e.Memory.PeakRSSMi <= 0 {
 		t.Fatalf("External Secrets Operator side by side incomplete: %+v", e)
