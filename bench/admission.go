@@ -67,9 +67,13 @@ type admissionResult struct {
 	ReadyMaxMs float64 `json:"all_started_max_ms"`
 }
 
+// burstConcurrency is how many pod creates (or reviews) the burst has in flight (-burst-concurrency).
+var burstConcurrency = 32
+
 // burstResult is the webhook answering a burst of pod creations.
 type burstResult struct {
-	Pods int `json:"pods"`
+	Pods        int `json:"pods"`
+	Concurrency int `json:"concurrency"`
 	// Server side, from raysync's histogram (upper bounds of the buckets the quantiles fall in).
 	ServerP50Ms float64 `json:"server_p50_ms_at_most"`
 	ServerP99Ms float64 `json:"server_p99_ms_at_most"`
@@ -329,7 +333,7 @@ func (b *bench) admissionBurst(n int) burstResult {
 	before := scrape(metricsURL)
 	with := b.createPods(n, "with", out)
 	after := scrape(metricsURL)
-	r := burstResult{Pods: n, CPUSeconds: after.sum("process_cpu_seconds_total") - before.sum("process_cpu_seconds_total"),
+	r := burstResult{Pods: n, Concurrency: burstConcurrency, CPUSeconds: after.sum("process_cpu_seconds_total") - before.sum("process_cpu_seconds_total"),
 		PeakRSSMi: s.peakRSSMiB(), Mutated: int(after.value("raysync_admission_requests_total", "resource", "pods", "result", "mutated"))}
 	r.ServerP50Ms, r.ServerP99Ms = after.histogramQuantile("raysync_admission_duration_seconds", 0.5)*1000, after.histogramQuantile("raysync_admission_duration_seconds", 0.99)*1000
 	direct := b.reviewBurst(n, out)
@@ -356,8 +360,8 @@ func (b *bench) reviewBurst(n int, rc *unstructured.Unstructured) []float64 {
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "ray-head", Image: "rayproject/ray:2.52.0"}, {Name: "autoscaler", Image: "rayproject/ray:2.52.0"}}}}
 	raw, err := json.Marshal(pod)
 	check(err)
-	lat := make([]float64, n+32)
-	parallel(n+32, 32, func(i int) {
+	lat := make([]float64, n+burstConcurrency)
+	parallel(n+burstConcurrency, burstConcurrency, func(i int) {
 		review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
 			Request: &admissionv1.AdmissionRequest{UID: types.UID(fmt.Sprint(i)), Operation: admissionv1.Create, Namespace: admissionBurstNamespace,
 				Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Object: runtime.RawExtension{Raw: raw}}}
@@ -374,7 +378,7 @@ func (b *bench) reviewBurst(n int, rc *unstructured.Unstructured) []float64 {
 			check(fmt.Errorf("direct review %d: not mutated: %+v", i, out.Response))
 		}
 	})
-	lat = lat[32:] // the first 32 open the connections (TLS handshakes), as the API server does once
+	lat = lat[burstConcurrency:] // the first ones open the connections (TLS handshakes), as the API server does once
 	sort.Float64s(lat)
 	return lat
 }
@@ -384,7 +388,7 @@ func (b *bench) reviewBurst(n int, rc *unstructured.Unstructured) []float64 {
 func (b *bench) createPods(n int, prefix string, rc *unstructured.Unstructured) []float64 {
 	ctx := context.Background()
 	lat := make([]float64, n)
-	parallel(n, 32, func(i int) {
+	parallel(n, burstConcurrency, func(i int) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%04d", prefix, i), Namespace: admissionBurstNamespace,
 			Labels:          map[string]string{"ray.io/cluster": rc.GetName(), "ray.io/node-type": "head", "app.kubernetes.io/created-by": "kuberay-operator"},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(rc, rcGVR.GroupVersion().WithKind("RayCluster"))}},
