@@ -210,7 +210,7 @@ func (b *bench) admissionRound(n int, startDelay, spacing time.Duration, webhook
 
 	// Every cluster's current pods (head and worker) have started a container.
 	allStarted := map[string]time.Duration{}
-	check(wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		starts, err := b.cp.Ray.Starts(ctx, b.ns)
 		if err != nil {
 			return false, nil
@@ -250,7 +250,19 @@ func (b *bench) admissionRound(n int, startDelay, spacing time.Duration, webhook
 			}
 		}
 		return len(allStarted) == n, nil
-	}))
+	})
+	if err != nil {
+		for _, c := range names {
+			if _, done := allStarted[c]; !done {
+				pods, _ := b.cp.Kube.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + c})
+				for _, p := range pods.Items {
+					fmt.Fprintf(os.Stderr, "bench: not started: %s %s phase %s node %q deleting %v lacks entries %v statuses %+v\n", c, p.Name, p.Status.Phase,
+						p.Spec.NodeName, p.DeletionTimestamp != nil, lacksEntries(&p), p.Status.ContainerStatuses)
+				}
+			}
+		}
+	}
+	check(err)
 	time.Sleep(time.Second) // the watch delivers the last births
 
 	r := admissionResult{Mode: mode, StartDelayMs: int(startDelay.Milliseconds()), Clusters: n, SpacingMs: int(spacing.Milliseconds())}
