@@ -76,6 +76,8 @@ type Metrics struct {
 	// TemplateReapplied counts template patches that put back entries raysync had already applied.
 	TemplateReapplied prometheus.Counter
 	PodsRecycled      *prometheus.CounterVec
+	// PodsStartedWithout counts running Ray pods first seen lacking raysync's entries, by what they lack.
+	PodsStartedWithout *prometheus.CounterVec
 	// Leader is 1 while this replica holds the lease and writes (always 1 without leader election).
 	Leader prometheus.Gauge
 	// RotationsStarted counts replacements and restarts raysync performed, by action.
@@ -147,9 +149,14 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "raysync_pods_recycled_total",
 			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
 		}, []string{"reason"}),
+		PodsStartedWithout: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "raysync_pods_started_without_config_total",
+			Help: "Running Ray pods raysync found lacking its pull secret or autoscaler TLS (created before the template was fixed, and not through the webhook), each counted once, by missing entry.",
+		}, []string{"reason"}),
 	}
 	for _, r := range []string{names.StalePullSecret, names.StaleAutoscalerTLS} {
 		m.PodsRecycled.WithLabelValues(r)
+		m.PodsStartedWithout.WithLabelValues(r)
 	}
 	for _, r := range names.Results {
 		m.Syncs.WithLabelValues(r)
@@ -162,10 +169,10 @@ func New(snapshot func() Snapshot) *Metrics {
 			m.Admission.WithLabelValues(r, res)
 		}
 	}
-	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
+	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.PodsStartedWithout, m.Leader,
 		m.RotationsStarted, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot}}
 	m.own = append(m.own, clientGoCollectors...)
-	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.Leader,
+	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.PodsStartedWithout, m.Leader,
 		m.RotationsStarted, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

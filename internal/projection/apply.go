@@ -147,6 +147,9 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		return a.patchRotation(ctx, act)
 	case RecordEvent:
 		a.recorder.Event(act.Object, act.Type, act.Reason, act.Message)
+		if act.StartedWithout > 0 {
+			a.metrics.PodsStartedWithout.WithLabelValues(act.StaleReason).Add(float64(act.StartedWithout))
+		}
 		if act.DedupKey != "" && rc != nil {
 			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.warned[act.DedupKey] = act.DedupValue })
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -173,4 +174,22 @@ func TestPruneManagedPodCopies(t *testing.T) {
 			t.Errorf("writes = %v", w)
 		}
 	})
+}
+
+// A running pod lacking raysync's entries is counted once in raysync_pods_started_without_config_total,
+// however often the cluster is reconciled.
+func TestPodsStartedWithoutConfigCountedOnce(t *testing.T) {
+	fixed, _, _ := desiredTemplates(templatedCluster("c1"), TemplateConfig{PullSecrets: []string{"regcred"}})
+	managedCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
+		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
+		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
+	h := newPodHarness(t, fixed, PodOptions{PullSecrets: []types.NamespacedName{pullSource}, RecyclePending: true},
+		pullSecretSource(), managedCopy, rayPod("p1", "c1", running), rayPod("p2", "c1", withPullSecret, running))
+	for range 3 {
+		h.sync(t, "c1")
+	}
+	if got := testutil.ToFloat64(h.metrics.PodsStartedWithout.WithLabelValues(names.StalePullSecret)); got != 1 {
+		t.Errorf("raysync_pods_started_without_config_total{reason=pull_secret} = %v, want 1", got)
+	}
 }

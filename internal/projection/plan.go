@@ -58,6 +58,10 @@ type RecordEvent struct {
 	Object                runtime.Object
 	Type, Reason, Message string
 	DedupKey, DedupValue  string
+	// StartedWithout counts running pods this report names for the first time (reason
+	// StalePodConfig): pods that started without raysync's entries, for the metrics.
+	StartedWithout int
+	StaleReason    string
 }
 
 func (CreateSecret) isAction()  {}

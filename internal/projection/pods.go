@@ -134,9 +134,16 @@ func planPods(in *ClusterInput, tc TemplateConfig, autoscaling, recycle bool, p 
 		if len(pods) == 0 || in.Memory.warned[key] == list {
 			continue
 		}
+		before := strings.Split(in.Memory.warned[key], ",")
+		fresh := 0
+		for _, name := range pods {
+			if !slices.Contains(before, name) {
+				fresh++
+			}
+		}
 		p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeWarning, Reason: names.ReasonStalePodConfig,
 			Message:  fmt.Sprintf("%d running Ray pod(s) (e.g. %s) lack raysync's %s; they are not deleted and pick it up when restarted", len(pods), pods[0], reason),
-			DedupKey: key, DedupValue: list})
+			DedupKey: key, DedupValue: list, StartedWithout: fresh, StaleReason: reason})
 	}
 }
 

@@ -85,7 +85,16 @@ func TestPlanPodConfig(t *testing.T) {
 			want: func(rc *unstructured.Unstructured) []Action {
 				return []Action{RecordEvent{Object: rc, Type: corev1.EventTypeWarning, Reason: names.ReasonStalePodConfig,
 					Message:  "1 running Ray pod(s) (e.g. p1) lack raysync's pull_secret; they are not deleted and pick it up when restarted",
-					DedupKey: "StalePodConfig/pull_secret", DedupValue: "p1"}}
+					DedupKey: "StalePodConfig/pull_secret", DedupValue: "p1", StartedWithout: 1, StaleReason: "pull_secret"}}
+			},
+		},
+		"a second running pod: reported with the first, only it counted": {
+			cfg: pull, rc: fixed(), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateInSync, wantStale: 2,
+			opts: []func(*ClusterInput){copies(pullCopy()), pods(rayPod("p1", "c1", old, running), rayPod("p2", "c1", old, running)), warned("StalePodConfig/pull_secret", "p1")},
+			want: func(rc *unstructured.Unstructured) []Action {
+				return []Action{RecordEvent{Object: rc, Type: corev1.EventTypeWarning, Reason: names.ReasonStalePodConfig,
+					Message:  "2 running Ray pod(s) (e.g. p1) lack raysync's pull_secret; they are not deleted and pick it up when restarted",
+					DedupKey: "StalePodConfig/pull_secret", DedupValue: "p1,p2", StartedWithout: 1, StaleReason: "pull_secret"}}
 			},
 		},
 		"a running pod already reported": {
@@ -100,7 +109,7 @@ func TestPlanPodConfig(t *testing.T) {
 					"or autoscaler TLS; not patching (start raysync with --allow-recreate to permit it)"),
 					RecordEvent{Object: rc, Type: corev1.EventTypeWarning, Reason: names.ReasonStalePodConfig,
 						Message:  "1 running Ray pod(s) (e.g. p1) lack raysync's pull_secret; they are not deleted and pick it up when restarted",
-						DedupKey: "StalePodConfig/pull_secret", DedupValue: "p1"}}
+						DedupKey: "StalePodConfig/pull_secret", DedupValue: "p1", StartedWithout: 1, StaleReason: "pull_secret"}}
 			},
 		},
 		"the copy's name is taken by a Secret raysync does not own: not used, Warning": {
