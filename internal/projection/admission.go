@@ -100,15 +100,12 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []PatchO
 	if err := json.Unmarshal(raw, &pod); err != nil {
 		return nil, AdmitInvalid, "pod is not a JSON object"
 	}
-	var meta metav1.ObjectMeta
-	if err := remarshal(pod["metadata"], &meta); err != nil {
-		return nil, AdmitInvalid, "pod metadata unreadable"
-	}
-	rc, why := a.cluster(ctx, ns, meta.Labels[kuberay.ClusterLabel])
+	meta := &unstructured.Unstructured{Object: pod} // reads metadata in place; wrong types read as absent
+	rc, why := a.cluster(ctx, ns, meta.GetLabels()[kuberay.ClusterLabel])
 	if rc == nil {
 		return nil, AdmitSkipped, why
 	}
-	if owner := metav1.GetControllerOf(&meta); owner == nil || owner.UID != rc.GetUID() {
+	if owner := metav1.GetControllerOf(meta); owner == nil || owner.UID != rc.GetUID() {
 		return nil, AdmitSkipped, "pod not controlled by its RayCluster"
 	}
 	now := a.now()
@@ -206,12 +203,4 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []Pat
 	ops = append(ops, PatchOp{Op: "add", Path: "/data/" + kuberay.AuthTokenKey, Value: want.Data[kuberay.AuthTokenKey]},
 		PatchOp{Op: "add", Path: "/metadata/annotations", Value: want.Annotations})
 	return ops, AdmitMutated, ""
-}
-
-func remarshal(in, out any) error {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, out)
 }
