@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,5 +163,24 @@ func TestCertManager(t *testing.T) {
 		if s.Labels["raysync.dev/managed-by"] != "" {
 			t.Error("the certificate Secret carries the managed-copy label (raysync would prune it)")
 		}
+	}
+}
+
+// A Secret of that name raysync did not create is never overwritten, and nothing is served from it.
+func TestCertManagerLeavesForeignSecretAlone(t *testing.T) {
+	foreign := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "raysync", Name: "raysync-webhook-tls"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": []byte("theirs"), "tls.key": []byte("theirs")}}
+	kube := fake.NewClientset(foreign)
+	m := &CertManager{Kube: kube, Secret: types.NamespacedName{Namespace: "raysync", Name: "raysync-webhook-tls"},
+		IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour, Log: zap.NewNop()}
+	if err := m.Sync(context.Background()); err == nil || !strings.Contains(err.Error(), "not raysync's webhook certificate") {
+		t.Errorf("Sync = %v, want a refusal", err)
+	}
+	s, _ := kube.CoreV1().Secrets("raysync").Get(context.Background(), "raysync-webhook-tls", metav1.GetOptions{})
+	if string(s.Data["tls.crt"]) != "theirs" || len(s.Annotations) != 0 {
+		t.Error("overwrote a Secret raysync does not own")
+	}
+	if c, err := m.GetCertificate(nil); err == nil || c != nil {
+		t.Error("serves a certificate it does not own")
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // The serving certificate. Self-managed (the default), raysync keeps a CA and a serving certificate in
@@ -97,7 +98,8 @@ func (m *CertManager) Sync(ctx context.Context) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		// No raysync.dev/managed-by label: that marks copies, which raysync prunes.
-		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.Secret.Name, Namespace: m.Secret.Namespace}, Type: corev1.SecretTypeTLS}
+		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.Secret.Name, Namespace: m.Secret.Namespace,
+			Annotations: map[string]string{names.KindAnnotation: names.KindWebhookCertificate}}, Type: corev1.SecretTypeTLS}
 		if err := m.issue(s); err != nil {
 			return err
 		}
@@ -107,6 +109,10 @@ func (m *CertManager) Sync(ctx context.Context) error {
 		m.Log.Info("issued the webhook's CA and serving certificate", zap.String("secret", m.Secret.String()))
 	case err != nil:
 		return fmt.Errorf("read Secret %s: %w", m.Secret, err)
+	case s.Annotations[names.KindAnnotation] != names.KindWebhookCertificate:
+		// Someone else's Secret: never overwritten, never served (the webhook fails open meanwhile).
+		return fmt.Errorf("Secret %s exists and is not raysync's webhook certificate (annotation %s=%s): leaving it untouched; "+
+			"choose another --webhook-cert-secret", m.Secret, names.KindAnnotation, names.KindWebhookCertificate)
 	case m.needsRenewal(s):
 		s = s.DeepCopy()
 		if err := m.issue(s); err != nil {

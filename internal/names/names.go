@@ -20,9 +20,6 @@ const (
 	TokenSHA256Annotation = "raysync.dev/token-sha256"
 	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339).
 	SyncedAtAnnotation = "raysync.dev/synced-at"
-	// StaleReportedAnnotation: the synced-at value for which raysync has reported the cluster's stale
-	// pods (StaleToken), so a restarted raysync or a new leader does not report them again.
-	StaleReportedAnnotation = "raysync.dev/stale-reported"
 )
 
 // Rotation: how a running cluster moves to a new canonical token (README, "Rotation").
@@ -48,6 +45,8 @@ const (
 
 	// KindRotationLedger marks the Secret that numbers the canonical tokens raysync has seen.
 	KindRotationLedger = "rotation_ledger"
+	// KindWebhookCertificate marks the Secret holding the webhook's CA and serving certificate.
+	KindWebhookCertificate = "webhook_certificate"
 )
 
 // Token rotation states: raysync_rotation_clusters{state} and `syncer status`.
