@@ -381,7 +381,7 @@ func TestChartWebhook(t *testing.T) {
 				t.Errorf("volumeMounts %s", got)
 			}
 			vols, _, _ := unstructured.NestedSlice(objs["Deployment/"+fullname].Object, "spec", "template", "spec", "volumes")
-			if got := asJSON(vols); got != `[{"name":"webhook-tls","secret":{"secretName":"`+fullname+`-webhook-cert"}}]` {
+			if got := asJSON(vols); got != `[{"name":"webhook-tls","secret":{"optional":true,"secretName":"`+fullname+`-webhook-cert"}}]` {
 				t.Errorf("volumes %s", got)
 			}
 			// cert-manager owns the certificate and cainjector the caBundle: raysync gets no rights on either.

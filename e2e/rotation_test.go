@@ -155,8 +155,30 @@ func TestRunningClusterKeepsItsTokenUntilItMoves(t *testing.T) {
 		if out, code := env.status("--auth-source="+ns+"/ray-token", "--namespaces="+ns); code != 0 {
 			t.Errorf("syncer status after the wave: exit %d\n%s", code, out)
 		}
+		// A request for a cluster that is not behind is consumed at once, never parked for the next rotation.
+		if out, code := env.rotate(ns + "/restarted"); code != 0 {
+			t.Fatalf("syncer rotate: exit %d\n%s", code, out)
+		}
+		env.WaitEventMessage(ns, "restarted", "RotationNotNeeded", 30*time.Second, "already runs on the current canonical token")
+		if rc, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(env.ctx, "restarted", metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		} else if _, kept := rc.GetAnnotations()["raysync.dev/rotate"]; kept {
+			t.Error("the rotation request on a current cluster was kept")
+		}
 		env.assertNoRefusals(ns)
 	})
+}
+
+// waitNoPods waits until a cluster has no pod left.
+func (e *Env) waitNoPods(ns, cluster string, timeout time.Duration) {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		l, err := e.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster})
+		return err == nil && len(l.Items) == 0, nil
+	})
+	if err != nil {
+		e.t.Fatalf("cluster %s/%s still has pods after %s", ns, cluster, timeout)
+	}
 }
 
 // waitFreshPods waits until a cluster has n Ready pods of which at least one is new (not in old).
@@ -269,12 +291,35 @@ func TestSharedSecretRotation(t *testing.T) {
 		if cur := env.WaitSecret(ns, "shared", time.Second, nil); cur.ResourceVersion != shared.ResourceVersion {
 			t.Errorf("the shared managed copy was written under running clusters")
 		}
+		// A third cluster naming the held copy starts on the copy's token and is behind with the others;
+		// suspending one sharer does not free the copy while another runs, and the running sharer's new
+		// worker joins on the token its head holds.
+		env.CreateRayCluster(rayCluster(ns, "share-c", withSecretName("shared"), restart))
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=share-c", 2, 60*time.Second)
+		env.AssertStartedWith(ns, t1, "share-c")
+		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "share-b", types.MergePatchType,
+			[]byte(`{"spec":{"suspend":true}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		env.waitNoPods(ns, "share-b", 60*time.Second)
+		shareA := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=share-a", 2, 60*time.Second)
+		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "share-a", types.JSONPatchType,
+			[]byte(`[{"op":"replace","path":"/spec/workerGroupSpecs/0/replicas","value":2}]`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		env.waitFreshPods(ns, "share-a", 3, podUIDs(shareA))
+		if cur := env.WaitSecret(ns, "shared", time.Second, nil); cur.ResourceVersion != shared.ResourceVersion {
+			t.Errorf("the shared managed copy was written under a running sharer when a new cluster named it")
+		}
+		if all, with := env.startsSince(ns, "share-a", t1, rotatedAt); all == 0 || with != all {
+			t.Errorf("share-a: %d of %d container starts after the rotation used the token its head holds", with, all)
+		}
 		out, code := env.status("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
-		if code != 1 || !regexpLine(out, ns, "share-b", "-", "referenced", "in-sync", "behind") || !strings.Contains(out, "shares the managed Secret shared") {
+		if code != 1 || !regexpLine(out, ns, "share-c", "-", "referenced", "in-sync", "behind") || !strings.Contains(out, "shares the managed Secret shared") {
 			t.Errorf("syncer status: exit %d\n%s", code, out)
 		}
-		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"}, 2, 30*time.Second)
-		for _, c := range []string{"share-a", "share-b"} {
+		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"}, 3, 30*time.Second)
+		for _, c := range []string{"share-a", "share-b", "share-c"} {
 			st, err := env.StandIn().Stats(env.ctx, ns, c)
 			if err != nil {
 				t.Fatal(err)

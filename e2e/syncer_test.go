@@ -79,6 +79,17 @@ func (e *Env) StartSyncer(args ...string) *Syncer {
 // StartSyncerAs runs raysync with the given kubeconfig (for example a ServiceAccount's).
 func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
 	e.t.Helper()
+	return e.startSyncer(kubeconfig, "/readyz", args...)
+}
+
+// StartSyncerUnready runs raysync and waits only until it is alive (/healthz), not ready.
+func (e *Env) StartSyncerUnready(args ...string) *Syncer {
+	e.t.Helper()
+	return e.startSyncer(e.Kubeconfig, "/healthz", args...)
+}
+
+func (e *Env) startSyncer(kubeconfig, probe string, args ...string) *Syncer {
+	e.t.Helper()
 	path, err := buildSyncer()
 	if err != nil {
 		e.t.Fatal(err)
@@ -137,7 +148,7 @@ func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
 			return false, fmt.Errorf("raysync exited: %s", lastLines(s.out.String(), 20))
 		default:
 		}
-		resp, err := http.Get(s.ProbeURL + "/readyz")
+		resp, err := http.Get(s.ProbeURL + probe)
 		if err != nil {
 			return false, nil
 		}
@@ -145,7 +156,7 @@ func (e *Env) StartSyncerAs(kubeconfig string, args ...string) *Syncer {
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	if err != nil {
-		e.t.Fatalf("raysync not ready: %v", err)
+		e.t.Fatalf("raysync not answering %s with 200: %v", probe, err)
 	}
 	return s
 }

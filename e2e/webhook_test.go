@@ -178,3 +178,68 @@ func TestWebhookEveryPodBornRight(t *testing.T) {
 		}
 	})
 }
+
+// An upgrade across the certificate Secret's ownership mark: the Secret an earlier raysync wrote (no
+// raysync.dev/kind annotation) is adopted, /readyz passes and the webhook serves with the CA the API
+// server already trusts; a Secret of that name raysync did not write stays refused.
+func TestWebhookUpgradeAdoptsTheEarlierCertificate(t *testing.T) {
+	if len(controlPlanes) == 0 {
+		t.Skip("no control plane")
+	}
+	env := newEnv(t, controlPlanes[0])
+	srcNS, ns := env.Namespace(), env.Namespace()
+	token := env.NewToken()
+	env.PutSource(srcNS, "ray-token", tokenData(token))
+	port, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgName := "raysync-" + ns
+	api := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if _, err := api.Create(env.ctx, framework.WebhookConfiguration(cfgName, port, []string{ns}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Delete(context.Background(), cfgName, metav1.DeleteOptions{}) })
+	args := []string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--precreate-auth-secrets=false",
+		fmt.Sprintf("--webhook-addr=127.0.0.1:%d", port), "--webhook-ips=127.0.0.1", "--webhook-configuration=" + cfgName,
+		"--webhook-cert-secret=" + srcNS + "/webhook-tls"}
+	env.StartSyncer(args...).Stop()
+	// As the earlier release left it: the same Secret without the mark.
+	sec, err := env.Kube.CoreV1().Secrets(srcNS).Get(env.ctx, "webhook-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec.Annotations = nil
+	if sec, err = env.Kube.CoreV1().Secrets(srcNS).Update(env.ctx, sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := env.StartSyncer(args...) // waits for /readyz: a refused certificate never gets there
+	adopted, err := env.Kube.CoreV1().Secrets(srcNS).Get(env.ctx, "webhook-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adopted.Annotations["raysync.dev/kind"] != "webhook_certificate" || string(adopted.Data["ca.key"]) != string(sec.Data["ca.key"]) {
+		t.Errorf("the earlier certificate Secret was not adopted as it was (annotations %v)", adopted.Annotations)
+	}
+	env.CreateRayCluster(rayCluster(ns, "after-upgrade"))
+	env.WaitSecret(ns, "after-upgrade", 30*time.Second, holds(token))
+	if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "mutated"}); v != 1 {
+		t.Errorf("the webhook gave %v auth Secrets the token after the upgrade, want 1", v)
+	}
+	s.Stop()
+
+	// Someone else's Secret of that name: never served, never changed.
+	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "theirs-tls", Namespace: srcNS}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": []byte("theirs"), "tls.key": []byte("theirs")}}
+	if _, err := env.Kube.CoreV1().Secrets(srcNS).Create(env.ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refused := env.StartSyncerUnready(append(args[:len(args)-1], "--webhook-cert-secret="+srcNS+"/theirs-tls")...)
+	time.Sleep(3 * time.Second)
+	if refused.Ready() {
+		t.Error("ready while serving no certificate")
+	}
+	if got, _ := env.Kube.CoreV1().Secrets(srcNS).Get(env.ctx, "theirs-tls", metav1.GetOptions{}); string(got.Data["tls.crt"]) != "theirs" || len(got.Annotations) != 0 {
+		t.Error("changed a Secret raysync does not own")
+	}
+}

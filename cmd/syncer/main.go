@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -126,9 +127,13 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	md, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
 
 	pcfg := cfg.projection()
-	caches := informer.New(kube, dyn, cfg.informer())
+	caches := informer.New(kube, dyn, md, cfg.informer())
 	recorder, stopEvents := eventRecorder(kube, cfg.dryRun, log)
 	defer stopEvents()
 

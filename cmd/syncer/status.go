@@ -13,10 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/names"
@@ -117,22 +116,18 @@ func collectStatus(cfg *config) (*statusReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	caches := informer.New(kube, dyn, cfg.informer())
+	md, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	caches := informer.New(kube, dyn, md, cfg.informer())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	caches.Start(ctx.Done())
 	if !caches.WaitForSync(ctx.Done()) {
 		return nil, errors.New("could not list RayClusters, Secrets and Pods within 60s (check --kubeconfig and RBAC)")
 	}
-	// Targets raysync does not cache (foreign Secrets) are read directly, to tell "not owned" apart.
-	lookup := func(ns, name string) *corev1.Secret {
-		s, err := kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return nil
-		}
-		return s
-	}
-	srcStates, clusters := projection.NewReporter(caches, cfg.projection(), lookup).Status()
+	srcStates, clusters := projection.NewReporter(caches, cfg.projection()).Status()
 	sort.Slice(clusters, func(i, j int) bool {
 		if clusters[i].Namespace != clusters[j].Namespace {
 			return clusters[i].Namespace < clusters[j].Namespace

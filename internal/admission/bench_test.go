@@ -41,7 +41,7 @@ func BenchmarkHandlerPod(b *testing.B) {
 		"spec":     map[string]any{"authOptions": map[string]any{"mode": "token"}, "enableInTreeAutoscaling": true}}}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), kuberay.ListKinds, rc)
 	cfg := projection.Config{Source: src, SourceKey: "auth_token", Pods: projection.PodOptions{PullSecrets: []types.NamespacedName{pull}}}
-	caches := informer.New(kube, dyn, informer.Config{Namespaces: []string{"ray"}, Sources: cfg.Sources()})
+	caches := informer.New(kube, dyn, nil, informer.Config{Namespaces: []string{"ray"}, Sources: cfg.Sources()})
 	m := metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} })
 	ctrl, err := projection.New(kube, dyn, caches, record.NewFakeRecorder(10), m, zap.NewNop(), cfg, false)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // AddEventHandlers turns watch events into keys. Handlers never read the API server and never
@@ -19,7 +20,7 @@ func (c *Caches) AddEventHandlers(enqueue func(Key)) error {
 	for _, s := range c.scopes {
 		for inf, handler := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{
 			s.clusters: h.cluster, s.clusterSecrets: h.byClusterLabel, s.pods: h.byClusterLabel, s.managedSecrets: h.managedSecret,
-			s.services: h.owner, s.jobs: h.owner,
+			s.services: h.owner, s.jobs: h.owner, s.secretNames: h.secretName,
 		} {
 			if _, err := inf.AddEventHandler(handler); err != nil {
 				return err
@@ -39,6 +40,7 @@ type handlers struct {
 	byClusterLabel cache.ResourceEventHandler
 	managedSecret  cache.ResourceEventHandler
 	owner          cache.ResourceEventHandler
+	secretName     cache.ResourceEventHandler
 	source         func(types.NamespacedName) cache.ResourceEventHandler
 }
 
@@ -85,6 +87,20 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 		}),
 		// A RayService or RayJob changed: whether its clusters may rotate, or have, may have changed.
 		owner: onChange(func(any) { enqueue(waveKey) }),
+		// A Secret appeared, went or changed hands: the clusters reading a Secret of that name, and for a
+		// pod source's name every cluster in the namespace, may now create, use or refuse it.
+		secretName: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.secretNameChanged(obj, enqueue) },
+			DeleteFunc: func(obj any) { c.secretNameChanged(obj, enqueue) },
+			UpdateFunc: func(old, cur any) {
+				o, ok1 := metaOf(old)
+				n, ok2 := metaOf(cur)
+				if ok1 && ok2 && (o.GetLabels()[names.ManagedByLabel] != n.GetLabels()[names.ManagedByLabel] ||
+					o.GetLabels()[kuberay.ClusterLabel] != n.GetLabels()[kuberay.ClusterLabel]) {
+					c.secretNameChanged(cur, enqueue)
+				}
+			},
+		},
 		// A managed copy changed: any cluster in its namespace may reference it, and prune may apply.
 		managedSecret: onChange(func(obj any) {
 			m, ok := metaOf(obj)
@@ -124,6 +140,22 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 				DeleteFunc: func(any) { everything() },
 			}
 		},
+	}
+}
+
+func (c *Caches) secretNameChanged(obj any, enqueue func(Key)) {
+	m, ok := metaOf(obj)
+	if !ok {
+		return
+	}
+	ns, name := m.GetNamespace(), m.GetName()
+	for _, rc := range c.ClustersReading(ns, name) {
+		enqueue(Key{Kind: ClusterKey, Namespace: ns, Name: rc.GetName()})
+	}
+	if c.sourceNames[name] {
+		for _, rc := range c.RayClusters(ns) {
+			enqueue(Key{Kind: ClusterKey, Namespace: ns, Name: rc.GetName()})
+		}
 	}
 }
 

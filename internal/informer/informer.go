@@ -5,10 +5,13 @@
 // of them in the watched namespaces, whatever --cluster-selector says (raysync may delete a managed
 // copy only when no RayCluster references it, selected or not);
 // Secrets only through label- or field-selected informers (KubeRay's auth Secrets, raysync's own
-// copies, the canonical source by name); Pods only if they are Ray nodes. managedFields are stripped.
+// copies, the canonical source by name) in full, and every other Secret in the watched namespaces as
+// its name and raysync's marks only (a metadata watch; whether a name is taken, and by whom, is a
+// decision every replica must make alike); Pods only if they are Ray nodes. managedFields are stripped.
 package informer
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -18,18 +21,25 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
 )
 
-const clusterIndex = "raysync.dev/cluster" // pods by <namespace>/<ray.io/cluster>
+const (
+	clusterIndex     = "raysync.dev/cluster"      // pods by <namespace>/<ray.io/cluster>
+	tokenSecretIndex = "raysync.dev/token-secret" // RayClusters by <namespace>/<the Secret their pods read the token from>
+)
 
 // KeyKind says what a work-queue key asks for.
 type KeyKind uint8
@@ -81,6 +91,7 @@ type scope struct {
 	clusterSecrets cache.SharedIndexInformer // labelled ray.io/cluster (KubeRay's generated Secrets)
 	managedSecrets cache.SharedIndexInformer // labelled raysync.dev/managed-by=raysync
 	pods           cache.SharedIndexInformer // labelled ray.io/node-type
+	secretNames    cache.SharedIndexInformer // every Secret, as its name and raysync's marks (SecretMeta)
 }
 
 // Caches are raysync's read path: every worker reads from here, never from the API server.
@@ -88,15 +99,21 @@ type Caches struct {
 	cfg     Config
 	scopes  map[string]*scope
 	sources map[types.NamespacedName]cache.SharedIndexInformer
+	// sourceNames are the names of the sources (a pod source's copies have its name).
+	sourceNames map[string]bool
 
 	firstSeen       sync.Map // types.UID -> time.Time when raysync first saw the RayCluster
 	sourceChangedAt sync.Map // types.NamespacedName -> time.Time of the last observed content change
 	synced          atomic.Bool
 }
 
-// New builds (does not start) the informers.
-func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
-	c := &Caches{cfg: cfg, scopes: map[string]*scope{}, sources: map[types.NamespacedName]cache.SharedIndexInformer{}}
+// New builds (does not start) the informers. md lists Secret metadata (nil: the typed client, whose
+// full Secrets are reduced to the same metadata before they are cached; for tests).
+func New(kube kubernetes.Interface, dyn dynamic.Interface, md metadata.Interface, cfg Config) *Caches {
+	c := &Caches{cfg: cfg, scopes: map[string]*scope{}, sources: map[types.NamespacedName]cache.SharedIndexInformer{}, sourceNames: map[string]bool{}}
+	for _, src := range cfg.Sources {
+		c.sourceNames[src.Name] = true
+	}
 	namespaces := cfg.Namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
@@ -107,17 +124,20 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
 	nsIndex := cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
 	for _, ns := range namespaces {
 		s := &scope{
-			clusters:       dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayClusterGVR, ns, 0, nsIndex, nil).Informer(),
+			clusters: dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayClusterGVR, ns, 0,
+				cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, tokenSecretIndex: clusterTokenSecretIndex}, nil).Informer(),
 			services:       dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayServiceGVR, ns, 0, nsIndex, nil).Informer(),
 			jobs:           dynamicinformer.NewFilteredDynamicInformer(dyn, kuberay.RayJobGVR, ns, 0, nsIndex, nil).Informer(),
 			clusterSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(kuberay.ClusterLabel)),
 			managedSecrets: coreinformers.NewFilteredSecretInformer(kube, ns, 0, nsIndex, labelled(names.ManagedByLabel+"="+names.ManagedByValue)),
 			pods: coreinformers.NewFilteredPodInformer(kube, ns, 0, cache.Indexers{clusterIndex: podClusterIndex},
 				labelled(kuberay.NodeTypeLabel)),
+			secretNames: secretNamesInformer(kube, md, ns),
 		}
 		for _, inf := range []cache.SharedIndexInformer{s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods} {
 			_ = inf.SetTransform(stripManagedFields)
 		}
+		_ = s.secretNames.SetTransform(secretMarks)
 		c.scopes[ns] = s
 	}
 	for _, src := range cfg.Sources {
@@ -133,7 +153,7 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, cfg Config) *Caches {
 func (c *Caches) all() []cache.SharedIndexInformer {
 	var infs []cache.SharedIndexInformer
 	for _, s := range c.scopes {
-		infs = append(infs, s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods)
+		infs = append(infs, s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods, s.secretNames)
 	}
 	for _, inf := range c.sources {
 		infs = append(infs, inf)
@@ -246,6 +266,39 @@ func (c *Caches) ManagedSecrets(ns string) []*corev1.Secret {
 	return out
 }
 
+// SecretMeta returns a Secret's name and raysync's marks (labels raysync.dev/managed-by and
+// ray.io/cluster) for any Secret in a watched namespace: whether a name is taken, and by whom.
+func (c *Caches) SecretMeta(ns, name string) (*metav1.PartialObjectMetadata, bool) {
+	s := c.scopeFor(ns)
+	if s == nil {
+		return nil, false
+	}
+	obj, ok, _ := s.secretNames.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	return m, ok
+}
+
+// ClustersReading lists the cached RayClusters in ns whose pods read their token from the Secret
+// named secret (selected or not, being deleted or not): generated mode by KubeRay's name for it,
+// referenced mode by spec.authOptions.secretName.
+func (c *Caches) ClustersReading(ns, secret string) []*unstructured.Unstructured {
+	s := c.scopeFor(ns)
+	if s == nil {
+		return nil
+	}
+	objs, _ := s.clusters.GetIndexer().ByIndex(tokenSecretIndex, ns+"/"+secret)
+	out := make([]*unstructured.Unstructured, 0, len(objs))
+	for _, o := range objs {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
 // Source returns the cached canonical Secret.
 func (c *Caches) Source(src types.NamespacedName) (*corev1.Secret, bool) {
 	inf, ok := c.sources[src]
@@ -310,6 +363,84 @@ func podClusterIndex(obj any) ([]string, error) {
 		return []string{p.Namespace + "/" + c}, nil
 	}
 	return nil, nil
+}
+
+// clusterTokenSecretIndex indexes a RayCluster by the Secret its pods read RAY_AUTH_TOKEN from.
+func clusterTokenSecretIndex(obj any) ([]string, error) {
+	rc, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, nil
+	}
+	auth := kuberay.ReadAuthOptions(rc)
+	switch {
+	case auth.Err != nil || !auth.TokenAuth():
+		return nil, nil
+	case auth.SecretName != "":
+		return []string{rc.GetNamespace() + "/" + auth.SecretName}, nil
+	}
+	return []string{rc.GetNamespace() + "/" + kuberay.CheckName(rc.GetName())}, nil
+}
+
+var secretsGVR = corev1.SchemeGroupVersion.WithResource("secrets")
+
+// secretNamesInformer watches every Secret of ns as metadata (through md), or, without md, as full
+// Secrets turned into metadata before anything keeps them.
+func secretNamesInformer(kube kubernetes.Interface, md metadata.Interface, ns string) cache.SharedIndexInformer {
+	if md != nil {
+		return metadatainformer.NewFilteredMetadataInformer(md, secretsGVR, ns, 0, cache.Indexers{}, nil).Informer()
+	}
+	secrets := kube.CoreV1().Secrets(ns)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			l, err := secrets.List(ctx, o)
+			if err != nil {
+				return nil, err
+			}
+			out := &metav1.PartialObjectMetadataList{ListMeta: l.ListMeta}
+			for i := range l.Items {
+				out.Items = append(out.Items, *asMetadata(&l.Items[i]))
+			}
+			return out, nil
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			w, err := secrets.Watch(ctx, o)
+			if err != nil {
+				return nil, err
+			}
+			return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+				if s, ok := e.Object.(*corev1.Secret); ok {
+					e.Object = asMetadata(s)
+				}
+				return e, true
+			}), nil
+		},
+	}
+	// The typed client says whether it streams the initial list (a fake one does not).
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, kube), &metav1.PartialObjectMetadata{}, 0, cache.Indexers{})
+}
+
+func asMetadata(s *corev1.Secret) *metav1.PartialObjectMetadata {
+	return &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: s.ObjectMeta}
+}
+
+// secretMarks keeps of a Secret's metadata only what tells whose it is: 20,000 unrelated Secrets
+// (with kubectl's last-applied annotation, which holds their data) must not cost their size.
+func secretMarks(obj any) (any, error) {
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return obj, nil
+	}
+	out := &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}}
+	for _, k := range []string{names.ManagedByLabel, kuberay.ClusterLabel} {
+		if v, ok := m.Labels[k]; ok {
+			if out.Labels == nil {
+				out.Labels = map[string]string{}
+			}
+			out.Labels[k] = v
+		}
+	}
+	return out, nil
 }
 
 // stripManagedFields drops what raysync never reads before an object enters a cache.

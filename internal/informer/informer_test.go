@@ -43,7 +43,7 @@ func TestEventsBecomeKeys(t *testing.T) {
 	src := types.NamespacedName{Namespace: "sys", Name: "token"}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		kuberay.ListKinds, rc("ray", "c1"), rc("ray", "c2"), rc("other", "c3"))
-	c := New(fake.NewClientset(), dyn, Config{Sources: []types.NamespacedName{src}})
+	c := New(fake.NewClientset(), dyn, nil, Config{Sources: []types.NamespacedName{src}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c.Start(ctx.Done())

@@ -31,6 +31,7 @@ func TestScrapeTimeState(t *testing.T) {
 # HELP raysync_targets In-scope RayClusters by target kind and state.
 # TYPE raysync_targets gauge
 raysync_targets{kind="auth_token",state="in_sync"} 1
+raysync_targets{kind="auth_token",state="missing"} 0
 raysync_targets{kind="auth_token",state="not_owned"} 1
 raysync_targets{kind="auth_token",state="out_of_sync"} 0
 raysync_targets{kind="auth_token",state="source_invalid"} 0

@@ -92,10 +92,13 @@ const (
 	StateOutOfSync     = "out_of_sync"
 	StateNotOwned      = "not_owned"
 	StateSourceInvalid = "source_invalid"
+	// StateMissing: the token target was deleted under running containers whose token raysync cannot
+	// tell, so it cannot re-create it; new pods cannot start on the cluster's token.
+	StateMissing = "missing"
 )
 
 // States lists every target state, so raysync_targets reports zeros instead of missing series.
-var States = []string{StateInSync, StateOutOfSync, StateNotOwned, StateSourceInvalid}
+var States = []string{StateInSync, StateOutOfSync, StateNotOwned, StateSourceInvalid, StateMissing}
 
 // Sync results: raysync_sync_total{result}.
 const (
@@ -111,7 +114,6 @@ var Results = []string{ResultCreated, ResultUpdated, ResultUnchanged, ResultRefu
 
 // Why a pod is stale or was recycled: raysync_stale_pods{reason}, raysync_pods_recycled_total{reason}.
 const (
-	StaleToken         = "token"
 	StalePullSecret    = string(KindPullSecret)
 	StaleAutoscalerTLS = string(KindAutoscalerTLS)
 )
@@ -121,7 +123,7 @@ const (
 	ReasonTokenProjected        = "TokenProjected"
 	ReasonTokenRotated          = "TokenRotated"
 	ReasonTargetNotOwned        = "TargetNotOwned"
-	ReasonStaleToken            = "StaleToken"
+	ReasonTargetMissing         = "TargetMissing"
 	ReasonSourceInvalid         = "SourceInvalid"
 	ReasonSourceKeyMismatch     = "SourceKeyMismatch"
 	ReasonInvalidSpec           = "InvalidSpec"
@@ -134,6 +136,7 @@ const (
 	ReasonRotationBlocked       = "RotationBlocked"
 	ReasonRotationRetried       = "RotationRetried"
 	ReasonRotationHeld          = "RotationHeld"
+	ReasonRotationNotNeeded     = "RotationNotNeeded"
 	ReasonTokenRestored         = "TokenRestored"
 )
 

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/raysync/raysync/internal/kuberay"
 )
@@ -132,9 +133,10 @@ func podPatch(pod map[string]any, tc TemplateConfig, autoscaling bool) ([]PatchO
 	if err != nil {
 		return nil, err
 	}
+	// The entries are edited in place: compare with deep copies, or a corrected entry compares equal.
 	before := map[string]any{}
 	for _, f := range []string{"imagePullSecrets", "volumes"} {
-		before[f] = spec[f]
+		before[f] = runtime.DeepCopyJSONValue(spec[f])
 	}
 	if _, err := pullEntries(spec, tc.PullSecrets, true); err != nil {
 		return nil, err
@@ -143,7 +145,7 @@ func podPatch(pod map[string]any, tc TemplateConfig, autoscaling bool) ([]PatchO
 	auto := slices.IndexFunc(containers, func(c any) bool { return c.(map[string]any)["name"] == AutoscalerContainer })
 	if tc.TLS != nil && autoscaling && auto >= 0 {
 		c := containers[auto].(map[string]any)
-		mounts, env := c["volumeMounts"], c["env"]
+		mounts, env := runtime.DeepCopyJSONValue(c["volumeMounts"]), runtime.DeepCopyJSONValue(c["env"])
 		if _, err := tlsEntries(spec, c, tc.TLS, true); err != nil {
 			return nil, err
 		}
@@ -190,11 +192,11 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []Pat
 		return nil, AdmitSkipped, "canonical source invalid"
 	case holdsToken(&s, src.value):
 		return nil, AdmitUnchanged, ""
-	case slices.ContainsFunc(in.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }) &&
-		!(anyStarted(in.Pods) && in.Memory.lastDigest == src.digest):
-		// Containers may run on a token raysync cannot tell; only the ones raysync saw start on the
-		// current token get it back (what the controller's restore does).
-		return nil, AdmitSkipped, "the cluster's pods may run on another token"
+	case slices.ContainsFunc(append(slices.Clip(in.Pods), in.Readers...), func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }) &&
+		!(anyStarted(in.Pods) && len(in.Readers) == 0 && in.Memory.lastDigest == src.digest):
+		// Containers of a cluster reading it may run on a token raysync cannot tell; only the ones
+		// raysync saw start on the current token get it back (what the controller's restore does).
+		return nil, AdmitSkipped, "pods reading this Secret may run on another token"
 	}
 	want := withToken(&s, src.value, a.gather.cfg.Source, now)
 	if s.Data == nil {

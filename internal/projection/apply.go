@@ -93,9 +93,6 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		err := a.create(ctx, act.Secret, log)
 		if err == nil {
 			a.wrote(key, rc, act.Secret, act.Propagates)
-			if rc != nil {
-				a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { delete(m.foreign, act.Secret.Name) })
-			}
 			return nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
@@ -106,9 +103,6 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 			return errVanished // deleted meanwhile; its delete event brings us back
 		} else if gerr != nil {
 			return fmt.Errorf("get Secret %s/%s: %w", act.Secret.Namespace, act.Secret.Name, gerr)
-		}
-		if rc != nil {
-			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.foreign[live.Name] = true })
 		}
 		return &takenError{live: live}
 	case UpdateSecret:

@@ -67,10 +67,10 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 				func(s *corev1.Secret) { s.OwnerReferences[0].UID = "someone-else" })},
 			cluster: "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
 		},
-		"generated, foreign unlabelled Secret: refused after AlreadyExists": {
+		"generated, foreign unlabelled Secret: refused, no create tried": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken})},
-			cluster:  "c1", wantWrites: []string{"create c1"}, wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
+			cluster:  "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"c1": oldToken},
 		},
 		"source missing: nothing written": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
@@ -123,10 +123,10 @@ func TestSyncClusterTokenTargets(t *testing.T) {
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)},
 			cluster:  "c1", wantWrites: []string{"update shared"}, wantEvent: names.ReasonTokenProjected, wantToken: map[string]string{"shared": token},
 		},
-		"referenced, foreign Secret: refused": {
+		"referenced, foreign Secret: refused, no create tried": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},
 			objs:     []runtime.Object{sourceSecret(token), secret(ns, "shared", map[string]string{"auth_token": oldToken})},
-			cluster:  "c1", wantWrites: []string{"create shared"}, wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
+			cluster:  "c1", wantEvent: names.ReasonTargetNotOwned, wantToken: map[string]string{"shared": oldToken},
 		},
 		"referenced, managed copy of an earlier source: follows the current one": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}))},

@@ -91,15 +91,10 @@ func planCopy(in *ClusterInput, src source, p *ClusterPlan) (state string, usabl
 	}
 	cur := in.Copies[src.name.Name]
 	switch {
-	case cur == nil:
+	case cur == nil && !in.Foreign[src.name.Name]:
 		p.Actions = append(p.Actions, CreateSecret{Secret: desiredPodSourceCopy(ns, src)})
-		if in.Memory.foreign[src.name.Name] {
-			// The last create met a Secret raysync does not own; creating again is how raysync notices
-			// it has gone. Until then the templates do not reference it.
-			return names.StateNotOwned, false
-		}
 		return names.StateOutOfSync, true
-	case !managedCopyOf(cur, src.kind):
+	case cur == nil || !managedCopyOf(cur, src.kind):
 		p.Refused++
 		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
 			"Secret %s already exists and is not managed by raysync; not copying %s into it and not using it", src.name.Name, src.name))

@@ -11,16 +11,15 @@ import (
 
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // gatherer reads what a decision needs from the informer caches and raysync's memory. It makes no
-// API call, except through lookup, which only `syncer status` sets: a one-shot report reads the
-// Secrets the caches do not hold (foreign ones) to tell "not owned" from "missing".
+// API call.
 type gatherer struct {
 	caches *informer.Caches
 	cfg    Config
 	memory *memory
-	lookup func(ns, name string) *corev1.Secret
 	// watchingSince (Unix nanoseconds) is when the controller began acting on the caches; 0 for a
 	// one-shot report, which writes nothing.
 	watchingSince atomic.Int64
@@ -72,8 +71,9 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 			in.Target, _ = g.caches.ManagedSecret(ns, t.Name)
 		}
 		if in.Target == nil {
-			in.Target = g.live(ns, t.Name)
+			g.markForeign(in, t.Name, t.Mode == Generated)
 		}
+		in.Readers = g.readers(ns, t.Name, name)
 	}
 	if !g.cfg.Pods.enabled() {
 		return in
@@ -94,9 +94,7 @@ func (g *gatherer) readCopy(in *ClusterInput, src source) {
 	}
 	c, _ := g.caches.ManagedSecret(ns, src.name.Name)
 	if c == nil {
-		c = g.live(ns, src.name.Name)
-	}
-	if c == nil {
+		g.markForeign(in, src.name.Name, false)
 		return
 	}
 	if in.Copies == nil {
@@ -105,11 +103,30 @@ func (g *gatherer) readCopy(in *ClusterInput, src source) {
 	in.Copies[src.name.Name] = c
 }
 
-func (g *gatherer) live(ns, name string) *corev1.Secret {
-	if g.lookup == nil {
-		return nil
+// markForeign records that the Secret named name in the cluster's namespace, which the data caches
+// do not hold, exists and is not raysync's: the metadata cache of every Secret says so alike on every
+// replica. A generated target labelled ray.io/cluster is KubeRay's, merely not cached yet.
+func (g *gatherer) markForeign(in *ClusterInput, name string, generated bool) {
+	m, ok := g.caches.SecretMeta(in.Cluster.GetNamespace(), name)
+	if !ok || m.Labels[names.ManagedByLabel] == names.ManagedByValue || (generated && m.Labels[kuberay.ClusterLabel] != "") {
+		return
 	}
-	return g.lookup(ns, name)
+	if in.Foreign == nil {
+		in.Foreign = map[string]bool{}
+	}
+	in.Foreign[name] = true
+}
+
+// readers are the pods of the other RayClusters in ns whose pods read their token from secret
+// (selected or not): whether it may have been read is decided over all of them.
+func (g *gatherer) readers(ns, secret, self string) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, rc := range g.caches.ClustersReading(ns, secret) {
+		if rc.GetName() != self {
+			out = append(out, g.caches.Pods(ns, rc.GetName())...)
+		}
+	}
+	return out
 }
 
 // see puts a Secret read from the API (a create found its name taken) in place of what the caches

@@ -59,16 +59,6 @@ func (l ledger) current(digest string) (rotation, bool) {
 	return l[len(l)-1], true
 }
 
-// of finds the newest rotation of a token by digest.
-func (l ledger) of(digest string) (rotation, bool) {
-	for i := len(l) - 1; i >= 0; i-- {
-		if l[i].Digest == digest {
-			return l[i], true
-		}
-	}
-	return rotation{}, false
-}
-
 // observed returns the ledger with digest as its newest rotation (appended when it is not already).
 func (l ledger) observed(digest string, now time.Time) (ledger, bool) {
 	if _, ok := l.current(digest); ok {

@@ -16,9 +16,6 @@ type clusterMemory struct {
 	uid types.UID
 	// warned maps an Event's dedup key to the value it was last recorded with.
 	warned map[string]string
-	// foreign are Secret names in the namespace that a create found taken by a Secret the caches do
-	// not hold (one raysync does not own): reported as not_owned.
-	foreign map[string]bool
 	// templatesApplied: raysync's template entries were in place once (a later patch re-applies them).
 	templatesApplied bool
 	// lastDigest is the digest of the token the cluster's target last held (never logged).
@@ -54,13 +51,9 @@ func (m *memory) update(key informer.Key, uid types.UID, f func(*clusterMemory))
 	if cm == nil || cm.uid != uid {
 		cm = &clusterMemory{uid: uid}
 	}
-	next := &clusterMemory{uid: uid, templatesApplied: cm.templatesApplied, lastDigest: cm.lastDigest,
-		warned: maps.Clone(cm.warned), foreign: maps.Clone(cm.foreign)}
+	next := &clusterMemory{uid: uid, templatesApplied: cm.templatesApplied, lastDigest: cm.lastDigest, warned: maps.Clone(cm.warned)}
 	if next.warned == nil {
 		next.warned = map[string]string{}
-	}
-	if next.foreign == nil {
-		next.foreign = map[string]bool{}
 	}
 	f(next)
 	m.clusters[key] = next

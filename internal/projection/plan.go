@@ -82,8 +82,14 @@ type ClusterInput struct {
 	// Copies are the Secrets in the cluster's namespace named like pod-source copies, by name.
 	Copies map[string]*corev1.Secret
 	Pods   []*corev1.Pod
-	Memory clusterMemory
-	Now    time.Time
+	// Readers are the pods of the other clusters that read the token target (several clusters may
+	// name one Secret): it may have been read when any of theirs may have started.
+	Readers []*corev1.Pod
+	// Foreign are the Secret names the cluster needs (its token target, copies of pod sources) that
+	// exist in its namespace and are not raysync's, as the caches show: never written, never referenced.
+	Foreign map[string]bool
+	Memory  clusterMemory
+	Now     time.Time
 	// WatchingSince is when this process began acting on its caches: a Secret created before then
 	// arrived while nobody was watching, and may have been read before raysync saw it.
 	WatchingSince time.Time

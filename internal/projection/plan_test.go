@@ -64,7 +64,7 @@ func warned(key, value string) func(*ClusterInput) {
 }
 
 func foreign(name string) func(*ClusterInput) {
-	return func(in *ClusterInput) { in.Memory.foreign = map[string]bool{name: true} }
+	return func(in *ClusterInput) { in.Foreign = map[string]bool{name: true} }
 }
 
 func normal(rc *unstructured.Unstructured, reason, message string) RecordEvent {
@@ -142,11 +142,10 @@ func TestPlanToken(t *testing.T) {
 			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, wantState: names.StateNotOwned,
 			opts: []func(*ClusterInput){target(secret(ns, "c1", nil)), warned(names.ReasonTargetNotOwned, "uid-c1/1")},
 		},
-		"absent, but the last create met a foreign Secret: not owned, and tried again": {
+		"absent from the data caches, the name taken by a Secret raysync does not own: not owned, nothing created": {
 			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, opts: []func(*ClusterInput){foreign("c1")}, wantState: names.StateNotOwned,
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, planNow), Propagates: true},
-					normal(rc, names.ReasonTokenProjected, projected)}
+				return []Action{warning(rc, names.ReasonTargetNotOwned, "Secret c1 already exists and is not managed by raysync for this RayCluster; leaving it untouched")}
 			},
 		},
 		"referenced, absent: a managed copy": {

@@ -2,7 +2,6 @@ package projection
 
 import (
 	"fmt"
-	"path"
 	"slices"
 	"strings"
 
@@ -164,17 +163,24 @@ func podMissing(p *corev1.Pod, tc TemplateConfig, autoscaling bool) []string {
 
 func isAutoscaler(c corev1.Container) bool { return c.Name == AutoscalerContainer }
 
+// podHasTLS reports whether a pod carries every entry raysync owns for the autoscaler's certificate:
+// the volume of the right Secret, the autoscaler's read-only mount at the mount path (no subPath),
+// and each of its env entries with exactly raysync's value.
 func podHasTLS(p *corev1.Pod, t *TLSTemplate) bool {
 	vol := slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
 		return v.Name == names.TLSVolumeName && v.Secret != nil && v.Secret.SecretName == t.SecretName
 	})
-	certPath := t.certPath
-	if certPath == "" {
-		certPath = path.Join(t.MountPath, TLSCertKey)
-	}
 	i := slices.IndexFunc(p.Spec.Containers, isAutoscaler)
-	return vol && i >= 0 && slices.ContainsFunc(p.Spec.Containers[i].Env, func(e corev1.EnvVar) bool {
-		return e.Name == EnvClientCertPath && e.Value == certPath
+	if !vol || i < 0 {
+		return false
+	}
+	c := p.Spec.Containers[i]
+	mount := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == names.TLSVolumeName && m.MountPath == t.MountPath && m.ReadOnly && m.SubPath == "" && m.SubPathExpr == ""
+	})
+	return mount && !slices.ContainsFunc(t.envEntries(), func(want envEntry) bool {
+		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == want.name })
+		return i < 0 || c.Env[i].Value != want.value || c.Env[i].ValueFrom != nil
 	})
 }
 

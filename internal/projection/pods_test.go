@@ -120,11 +120,12 @@ func TestPlanPodConfig(t *testing.T) {
 					"Secret regcred already exists and is not managed by raysync; not copying raysync-system/regcred into it and not using it")}
 			},
 		},
-		"the copy's name was found taken by a Secret the caches do not hold: tried again, not referenced": {
+		"the copy's name is taken by a Secret only the metadata cache shows: not created, not referenced": {
 			cfg: pull, rc: templatedCluster("c1"), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateNotOwned,
 			opts: []func(*ClusterInput){foreign("regcred")},
-			want: func(*unstructured.Unstructured) []Action {
-				return []Action{CreateSecret{Secret: pullCopy(func(s *corev1.Secret) { s.UID, s.ResourceVersion = "", "" })}}
+			want: func(rc *unstructured.Unstructured) []Action {
+				return []Action{warning(rc, names.ReasonTargetNotOwned,
+					"Secret regcred already exists and is not managed by raysync; not copying raysync-system/regcred into it and not using it")}
 			},
 		},
 		"the source changed type: the copy is replaced": {
@@ -157,7 +158,7 @@ func TestPlanPodConfig(t *testing.T) {
 				if c, ok := a.(CreateSecret); ok && c.Secret.Name == "c1" {
 					continue
 				}
-				if e, ok := a.(RecordEvent); ok && e.Reason == names.ReasonTokenProjected {
+				if e, ok := a.(RecordEvent); ok && (e.Reason == names.ReasonTokenProjected || e.Reason == names.ReasonTargetMissing) {
 					continue
 				}
 				podActions = append(podActions, a)

@@ -93,7 +93,6 @@ func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent boo
 	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == "RayService" && !startedAt(in.Owner).IsZero()) {
 		r.Unit = in.Owner // a replacement acts on the RayService (also one `syncer rotate` asked for)
 	}
-	cur := in.Sources.rotation
 	inFlight := startedAt(r.Unit)
 	switch {
 	case !inFlight.IsZero() && !(r.Policy == names.PolicyReplace && holdsCurrent):
@@ -104,9 +103,58 @@ func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent boo
 	case holdsCurrent:
 		r.State = names.TokenCurrent
 	default:
-		r.State, r.Since = names.TokenBehind, cur.FirstSeen
+		r.State, r.Since = names.TokenBehind, behindSince(in)
 	}
 	return r
+}
+
+// behindSince is when the cluster missed its first rotation: the ledger's first sight of the rotation
+// after the one its Secret holds; for a token the ledger never numbered (or no longer lists), the
+// first rotation after its pods started, or when they started if none came since.
+func behindSince(in *ClusterInput) time.Time {
+	l := in.Sources.ledger
+	if len(l) == 0 && in.Sources.rotation.ID != 0 {
+		l = ledger{in.Sources.rotation}
+	}
+	if in.Target != nil {
+		held := tokenDigest(in.Target.Data[kuberay.AuthTokenKey])
+		for i, r := range l {
+			if r.Digest == held && i+1 < len(l) {
+				return l[i+1].FirstSeen
+			}
+		}
+	}
+	began := earliestStart(in.Pods)
+	if began.IsZero() {
+		return in.Sources.rotation.FirstSeen
+	}
+	for _, r := range l {
+		if r.FirstSeen.After(began) {
+			return r.FirstSeen
+		}
+	}
+	return began
+}
+
+// earliestStart is when the first container of the pods started, else when the first pod was created.
+func earliestStart(pods []*corev1.Pod) time.Time {
+	var first, created time.Time
+	earlier := func(a, b time.Time) time.Time {
+		if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+			return b
+		}
+		return a
+	}
+	for _, p := range pods {
+		created = earlier(created, p.CreationTimestamp.Time)
+		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+			first = earlier(first, containerStartedAt(cs))
+		}
+	}
+	if first.IsZero() {
+		return created
+	}
+	return first
 }
 
 // startedAt reads when a replacement or restart of obj began (zero: none in flight).

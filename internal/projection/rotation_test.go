@@ -142,9 +142,9 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},
 			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
 		},
-		"Secret deleted under containers on a token raysync cannot tell: nothing written, behind": {
+		"Secret deleted under containers on a token raysync cannot tell: nothing written, behind, missing": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running)},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateMissing,
 		},
 		"a RayService's cluster: replaced by default": {
 			rc: rayCluster("c1", ofRayService("svc")), opts: []func(*ClusterInput){target(old()), pods(running), owner(rayService("svc"))},
@@ -201,8 +201,8 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 				t.Errorf("writes %v creates %v, rotation %+v, target %s; want writes %v creates %v, %s %s %q, target %s",
 					writes, creates, r, p.Status.Token, tc.wantWrites, tc.wantCreates, tc.wantState, tc.wantPolicy, tc.wantHeld, tc.wantTarget)
 			}
-			if r.State == names.TokenBehind && (r.Since == nil || !r.Since.Equal(rotated.FirstSeen)) {
-				t.Errorf("behind since %v, want the rotation's first sight %v", r.Since, rotated.FirstSeen)
+			if r.State == names.TokenBehind && r.Since == nil {
+				t.Error("behind since an unknown time") // how long: TestBehindSinceTheFirstRotationMissed
 			}
 		})
 	}

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -34,10 +33,9 @@ type driftMemo struct {
 	err             error
 }
 
-// NewReporter reports over caches without a controller (`syncer status`). lookup reads Secrets the
-// caches do not hold (foreign targets), to tell "not owned" from "missing"; nil skips that.
-func NewReporter(caches *informer.Caches, cfg Config, lookup func(ns, name string) *corev1.Secret) *Reporter {
-	return &Reporter{gather: &gatherer{caches: caches, cfg: cfg.withDefaults(), memory: newMemory(), lookup: lookup}, now: time.Now}
+// NewReporter reports over caches without a controller (`syncer status`).
+func NewReporter(caches *informer.Caches, cfg Config) *Reporter {
+	return &Reporter{gather: &gatherer{caches: caches, cfg: cfg.withDefaults(), memory: newMemory()}, now: time.Now}
 }
 
 // Status computes the sources' validity and every managed cluster's state.

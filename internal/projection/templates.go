@@ -38,14 +38,12 @@ type TLSTemplate struct {
 	HasCA      bool
 	APIServer  *APIServer
 
-	entries  []envEntry // envEntries(), computed once (see prepared)
-	certPath string
+	entries []envEntry // envEntries(), computed once (see prepared)
 }
 
 // prepared returns t with what every decision reads computed once: a template shared by many.
 func (t TLSTemplate) prepared() *TLSTemplate {
 	t.entries = t.envEntries()
-	t.certPath = path.Join(t.MountPath, TLSCertKey)
 	return &t
 }
 

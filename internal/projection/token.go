@@ -56,9 +56,9 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 }
 
 // planToken decides rc's token target: create it in KubeRay's shape (or as a managed copy), write
-// the canonical token into it while none of the cluster's containers has started, or refuse a Secret
-// raysync does not own. Once a container has started, the target keeps the token it started with: the
-// cluster moves to a new token only as a whole (rotation.go).
+// the canonical token into it while no container that reads it can have started, or refuse a Secret
+// raysync does not own. Once a container may have read it, the target keeps the token it holds: the
+// clusters reading it move to a new token only as a whole (rotation.go).
 func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc, src := in.Cluster, in.Sources.token
 	t, ok, err := TokenTargetFor(rc, cfg.Source)
@@ -70,7 +70,13 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		return
 	}
 	p.Status.Mode = t.Mode
-	started := anyStarted(in.Pods)
+	// Every pod that reads the target: this cluster's, and those of other clusters naming the same Secret.
+	readers := in.Pods
+	if len(in.Readers) > 0 {
+		readers = append(slices.Clip(in.Pods), in.Readers...)
+	}
+	started := anyStarted(readers)
+	restores := started && in.Memory.lastDigest == src.digest // raysync saw them start on the current token
 	switch cur := in.Target; {
 	case !src.valid():
 		p.Status.Token = names.StateSourceInvalid // every target keeps its token; the source's own key reports it
@@ -85,10 +91,17 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 				cfg.Source, kuberay.AuthTokenKey, cfg.SourceKey))
 		}
 		p.rotation(in, cfg, t, !startedBefore(in.Pods, in.Sources.rotation.FirstSeen))
-	case cur == nil && started && in.Memory.lastDigest != src.digest:
+	case cur == nil && in.Foreign[t.Name]:
+		p.Status.Token = names.StateNotOwned
+		p.Refused++
+		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
+			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
+	case cur == nil && started && !restores:
 		// Deleted under running containers whose token raysync cannot tell: writing any token would
-		// split the cluster. KubeRay will generate one; the cluster is behind and its policy moves it.
-		p.Status.Token = names.StateInSync
+		// split the cluster. Pods created now cannot start (or, generated, get KubeRay's next random
+		// token): the cluster is behind and its policy moves it.
+		p.Status.Token = names.StateMissing
+		p.warnOnce(in, names.ReasonTargetMissing, missingMessage(t))
 		p.rotation(in, cfg, t, false)
 	case cur == nil && t.Mode == Generated && cfg.NoPrecreate && !started:
 		// KubeRay creates it (the admission webhook gives it the token; else raysync writes it as it arrives).
@@ -97,9 +110,6 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	case cur == nil:
 		// A new cluster, or one whose containers hold the current token (its Secret was deleted).
 		p.Status.Token = names.StateOutOfSync
-		if in.Memory.foreign[t.Name] {
-			p.Status.Token = names.StateNotOwned // the last create met a Secret raysync does not cache
-		}
 		desired := desiredManagedCopy(t.Namespace, t.Name, src.value, cfg.Source, in.Now)
 		if t.Mode == Generated {
 			desired = desiredGeneratedSecret(rc, t.Name, src.value, cfg.Source, in.Now)
@@ -123,7 +133,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
 		}
 		p.rotation(in, cfg, t, true)
-	case started && in.Memory.lastDigest == src.digest:
+	case restores:
 		// Someone changed the Secret under containers raysync saw start on the current token: put it
 		// back, or the operator and every new pod would use a token the cluster refuses.
 		p.Status.Token = names.StateOutOfSync
@@ -131,14 +141,21 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
 			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
 		p.rotation(in, cfg, t, true)
-	case !started && mayHaveBeenRead(cur, in.Pods, in.Now, in.WatchingSince):
-		// A kubelet that has the pods may have started a container on this token before the pod's
+	case started:
+		// Running containers hold the token the target holds: the target stays as it is (it is what
+		// raysync wants), and the cluster is behind until a replacement or restart moves it.
+		p.Status.Token = names.StateInSync
+		p.Unchanged = true
+		p.SeenDigest = tokenDigest(cur.Data[kuberay.AuthTokenKey])
+		p.rotation(in, cfg, t, false)
+	case mayHaveBeenRead(cur, readers, in.Now, in.WatchingSince):
+		// A kubelet that has a reader pod may have started a container on this token before the pod's
 		// status says so (raysync was down when KubeRay created it, or the cluster was starting when
 		// the source rotated): writing now could split the cluster. It is behind; its policy moves it
 		// as a whole.
 		p.Status.Token = names.StateInSync
 		p.rotation(in, cfg, t, false)
-	case !started:
+	default:
 		p.Status.Token = names.StateOutOfSync
 		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
 		if cur.Annotations[names.TokenSHA256Annotation] != "" {
@@ -147,14 +164,17 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, in.Now), Propagates: true})
 		p.event(in, corev1.EventTypeNormal, reason, message)
 		p.rotation(in, cfg, t, true)
-	default:
-		// Running containers hold the token the target holds: the target stays as it is (it is what
-		// raysync wants), and the cluster is behind until a replacement or restart moves it.
-		p.Status.Token = names.StateInSync
-		p.Unchanged = true
-		p.SeenDigest = tokenDigest(cur.Data[kuberay.AuthTokenKey])
-		p.rotation(in, cfg, t, false)
 	}
+}
+
+func missingMessage(t TokenTarget) string {
+	if t.Mode == Generated {
+		return fmt.Sprintf("auth Secret %s was deleted while Ray containers run on a token raysync cannot tell: KubeRay re-creates it with "+
+			"a random token those containers refuse, and new pods start on it; restart or replace the cluster to move it to the canonical token", t.Name)
+	}
+	return fmt.Sprintf("auth Secret %s was deleted while Ray containers of the clusters naming it run on a token raysync cannot tell: "+
+		"new Ray pods cannot start (CreateContainerConfigError) until it exists again; restart those clusters together, or re-create it "+
+		"with the token they run on", t.Name)
 }
 
 // readWindow: KubeRay creates a cluster's Secret and pods in one pass, and raysync, watching, replaces
@@ -162,23 +182,35 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 // just given. (creationTimestamp has whole seconds, so the window is 1-2 s of real age.)
 const readWindow = 2 * time.Second
 
-// mayHaveBeenRead reports whether containers may have started on s although no pod's status says so
-// yet: a kubelet reads the env before it reports the container started. Only a Secret of KubeRay's that
-// raysync saw arrive (created after watchingSince) and that is younger than readWindow is known unread;
-// otherwise a pod on a node may already run on it, unless its kubelet has said that every container
-// still waits for something that comes before the env is read (the image, or the env itself).
-func mayHaveBeenRead(s *corev1.Secret, pods []*corev1.Pod, now, watchingSince time.Time) bool {
+// mayHaveBeenRead reports whether a container of any of the reader pods may have started on s, which
+// none of them reports started: the kubelet reads the env when it creates a container, before it
+// says the container started. A pod is known unread only when no kubelet has it, or when its kubelet
+// says that every one of its containers waits for something that comes before the env is read (the
+// image, the env itself, or an init container that does). A pod on a node whose kubelet has said
+// nothing yet is taken as unread only for a Secret of KubeRay's that raysync saw arrive (created after
+// watchingSince) less than readWindow ago: the one heuristic, a kubelet's start latency.
+func mayHaveBeenRead(s *corev1.Secret, readers []*corev1.Pod, now, watchingSince time.Time) bool {
 	created := s.CreationTimestamp.Time
-	if s.Annotations[names.TokenSHA256Annotation] == "" && !created.Before(watchingSince) && now.Sub(created) < readWindow {
+	young := s.Annotations[names.TokenSHA256Annotation] == "" && !created.Before(watchingSince) && now.Sub(created) < readWindow
+	return slices.ContainsFunc(readers, func(p *corev1.Pod) bool { return podMayHaveRead(p, young) })
+}
+
+// beforeEnv are the waiting reasons of a container whose env the kubelet has not resolved yet.
+var beforeEnv = []string{"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "PodInitializing"}
+
+func podMayHaveRead(p *corev1.Pod, young bool) bool {
+	if podStarted(p) {
+		return true
+	}
+	if p.Spec.NodeName == "" {
 		return false
 	}
-	beforeEnv := func(cs corev1.ContainerStatus) bool {
-		w := cs.State.Waiting
-		return w != nil && slices.Contains([]string{"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}, w.Reason)
+	all := append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...)
+	if len(all) == 0 {
+		return !young
 	}
-	return slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
-		all := append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...)
-		return p.Spec.NodeName != "" && (len(all) == 0 || !slices.ContainsFunc(all, beforeEnv))
+	return slices.ContainsFunc(all, func(cs corev1.ContainerStatus) bool {
+		return cs.State.Waiting == nil || !slices.Contains(beforeEnv, cs.State.Waiting.Reason)
 	})
 }
 

@@ -57,6 +57,7 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 	if len(clusters) > 0 {
 		cur = clusters[0].in.Sources.rotation
 	}
+	w.Actions = droppedRequests(clusters)
 	units := groupUnits(clusters)
 	var candidates []*unit
 	seen := map[string]bool{}
@@ -174,8 +175,38 @@ func waits(c clusterView, action string) string {
 		return "its RayJob is running"
 	case action == names.PolicyReplace && owner != nil && pendingCluster(owner) != "":
 		return "its RayService is already starting a new cluster"
+	case action == names.PolicyRestart && suspended(c.in.Cluster):
+		// Someone suspended it: a restart would end with suspend: false. Once its pods are gone its
+		// Secret takes the current token, as a stopped cluster's does.
+		return "it is suspended"
 	}
 	return ""
+}
+
+// droppedRequests consumes `raysync.dev/rotate` on clusters it cannot apply to: one that is current
+// (a request kept until the next rotation would restart it then), and one raysync cannot move.
+func droppedRequests(clusters []clusterView) []Action {
+	var acts []Action
+	for _, c := range clusters {
+		rc, r := c.in.Cluster, c.plan.Rotation
+		if metaString(rc, "annotations", names.RotateAnnotation) == "" {
+			continue
+		}
+		var why string
+		switch {
+		case r.State == names.TokenCurrent:
+			why = "the cluster already runs on the current canonical token"
+		case r.State == names.TokenBehind && r.Held != "":
+			why = "raysync cannot move this cluster: " + r.Held
+		default:
+			continue
+		}
+		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
+			Patch: mergePatch(rc, map[string]any{names.RotateAnnotation: nil}, nil)},
+			RecordEvent{Object: rc, Type: corev1.EventTypeNormal, Reason: names.ReasonRotationNotNeeded,
+				Message: "removed the rotation request (" + names.RotateAnnotation + "): " + why})
+	}
+	return acts
 }
 
 func jobRunning(job *unstructured.Unstructured) bool {
@@ -193,33 +224,48 @@ func pendingCluster(rs *unstructured.Unstructured) string {
 	return v
 }
 
-// advance moves a rotation in flight on, and finishes it when it is done.
+// advance moves a rotation in flight on, and finishes it when it is done, or when nothing it waits
+// for can happen any more: no unit holds a slot of the wave for ever.
 func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
 	if u.kind == "RayService" {
 		return advanceReplace(u, now, started)
 	}
-	if len(u.members) != 1 {
-		return false, nil
-	}
-	m := u.members[0]
+	m := u.members[0] // a restart moves one cluster
 	rc := m.in.Cluster
-	suspend, _, _ := unstructured.NestedBool(rc.Object, "spec", "suspend")
 	holds := m.plan.TargetHoldsCurrent
 	state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
+	end := PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
+		Patch: mergePatch(rc, map[string]any{names.RotationStartedAnnotation: nil, names.RotationTargetAnnotation: nil, names.RotationBlockedAnnotation: nil}, nil)}
+	target := metaString(rc, "annotations", names.RotationTargetAnnotation)
 	switch {
-	case suspend && len(m.in.Pods) == 0 && holds:
+	case suspended(rc) && len(m.in.Pods) == 0 && holds:
 		// Every pod is gone and the Secret holds the new token: start the cluster again. KubeRay
 		// resumes a suspended cluster only on an explicit suspend: false.
 		return false, []Action{PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
 			Patch: mergePatch(rc, nil, map[string]any{"suspend": false})}}
-	case !suspend && holds && restartedSince(m.in.Pods, started) && headReady(m.in.Pods) && (state == "" || state == "ready"):
-		took := now.Sub(started)
-		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(), Completes: took,
-			Patch: mergePatch(rc, map[string]any{names.RotationStartedAnnotation: nil, names.RotationTargetAnnotation: nil, names.RotationBlockedAnnotation: nil}, nil)})
-		return true, append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
-			fmt.Sprintf("restarted on the current canonical token in %s", took.Round(time.Second)))...)
+	case suspended(rc):
+		return false, nil // KubeRay is stopping the pods, or the Secret waits for the token
+	case slices.ContainsFunc(m.in.Pods, func(p *corev1.Pod) bool { return p.CreationTimestamp.Time.Before(started.Truncate(time.Second)) }):
+		// spec.suspend was cleared before every pod had stopped: the cluster runs on as it was.
+		return true, append([]Action{end}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationRetried,
+			"the restart was interrupted: spec.suspend was cleared before every pod had stopped, so the cluster still runs on the token it had; it is behind, and its policy moves it again")...)
+	case !restartedSince(m.in.Pods, started) || !headReady(m.in.Pods) || (state != "" && state != "ready"):
+		return false, nil // the new pods are starting
+	case !holds:
+		// A newer rotation came while the cluster restarted: it runs on the token of the one it was
+		// restarted for. This restart is over; the cluster is behind and its policy moves it again.
+		return true, append([]Action{end}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationRetried,
+			fmt.Sprintf("restarted for rotation %s, but the canonical token was rotated again meanwhile: the cluster runs on an earlier token and stays behind until it is restarted again", target))...)
 	}
-	return false, nil
+	took := now.Sub(started)
+	end.Completes = took
+	return true, append([]Action{end}, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
+		fmt.Sprintf("restarted on the current canonical token in %s", took.Round(time.Second)))...)
+}
+
+func suspended(rc *unstructured.Unstructured) bool {
+	v, _, _ := unstructured.NestedBool(rc.Object, "spec", "suspend")
+	return v
 }
 
 // advanceReplace finishes a replacement once the RayService serves from a cluster created for it and
@@ -235,9 +281,6 @@ func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
 		if rc.GetName() != active || rc.GetCreationTimestamp().Time.Before(started.Truncate(time.Second)) {
 			return false, nil // the old cluster is still there, or the active one predates the replacement
 		}
-	}
-	if len(u.members) == 0 {
-		return false, nil
 	}
 	for _, m := range u.members {
 		if !m.plan.Rotation.Current {

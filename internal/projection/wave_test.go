@@ -100,21 +100,21 @@ func TestPlanWave(t *testing.T) {
 		},
 		"past the timeout: blocked once, and nothing else starts": {
 			views: func() []clusterView {
-				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7")), false),
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), setPath(true, "spec", "suspend"), annotated(names.RotationTargetAnnotation, "7")), false),
 					view(t, cfg, restartCluster("c2"), false)}
 			},
 			want: []string{"patch RayCluster c1", "event RotationBlocked c1"}, inFlight: 1, blocked: true,
 		},
 		"blocked and already reported: quiet, still blocking": {
 			views: func() []clusterView {
-				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7"),
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), setPath(true, "spec", "suspend"), annotated(names.RotationTargetAnnotation, "7"),
 					annotated(names.RotationBlockedAnnotation, "x")), false), view(t, cfg, restartCluster("c2"), false)}
 			},
 			inFlight: 1, blocked: true,
 		},
 		"blocked on an older rotation: the new wave goes on": {
 			views: func() []clusterView {
-				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "6"),
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), setPath(true, "spec", "suspend"), annotated(names.RotationTargetAnnotation, "6"),
 					annotated(names.RotationBlockedAnnotation, "x")), false), view(t, cfg, restartCluster("c2"), false)}
 			},
 			want: []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
