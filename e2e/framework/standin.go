@@ -28,6 +28,8 @@ type StandInOptions struct {
 	ServeDeployDelay time.Duration // Serve application DEPLOYING → RUNNING [1s]
 	JobDuration      time.Duration // a Ray job runs, then SUCCEEDS [2s]
 	PrivateRegistry  string        // images from here need pull credentials [registry.example.internal]
+	// RayVenv, when set (EnsureRay), runs the pods of namespaces annotated StandInRay=real as real Ray.
+	RayVenv string
 }
 
 func (o StandInOptions) args() []string {
@@ -100,6 +102,9 @@ func (c *ControlPlane) startStandIn(ctx context.Context, o Options) error {
 	args := append([]string{"-kubeconfig=" + c.Kubeconfig, "-fingerprint-key=" + keyFile,
 		"-api=" + hostPort(r.APIURL), "-operator-proxy=" + hostPort(r.OperatorProxyURL), "-client-proxy=" + hostPort(r.ClientProxyURL)},
 		o.StandIn.args()...)
+	if o.StandIn.RayVenv != "" {
+		args = append(args, "-ray-venv="+o.StandIn.RayVenv, "-pod-dir="+filepath.Join(c.Dir, "pods"))
+	}
 	p, err := startProcess(c.Dir, "standin", bin, args, nil, o.Detached)
 	if err != nil {
 		return err

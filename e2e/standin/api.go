@@ -19,7 +19,16 @@ raysync kubelet and Ray stand-in (read-only; fingerprints are HMACs under a per-
   GET /v1/pods/{namespace}/{name}        containers: state, restarts, token fingerprint of the current run
   GET /v1/starts/{namespace}             every container start, with the token fingerprint it started with
   GET /v1/proxy                          what the HTTP proxies routed, per caller
+  GET /v1/network                        real-Ray pods: the node network's namespace and its clients' hosts file
 `)+"\n")
+	})
+	mux.HandleFunc("GET /v1/network", func(w http.ResponseWriter, _ *http.Request) {
+		if k.real == nil {
+			http.Error(w, "this stand-in runs no real processes", http.StatusNotFound)
+			return
+		}
+		writeJSON(w, http.StatusOK, NetworkReport{NetNS: k.real.net.path(), ClientHosts: k.real.clientHosts(), Venv: k.real.cfg.Venv,
+			Sandbox: k.real.cfg.Self, Dir: k.real.cfg.Dir})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	mux.HandleFunc("GET /v1/clusters", func(w http.ResponseWriter, _ *http.Request) {

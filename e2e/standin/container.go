@@ -22,6 +22,8 @@ type containerRuntime struct {
 	pullFailures int
 	id           string
 	fingerprint  string // of the RAY_AUTH_TOKEN of the current run
+	pid          int    // a real container's sandbox, while it runs
+	logPath      string // a real container's current log
 }
 
 func waiting(reason, msg string) corev1.ContainerState {
@@ -157,7 +159,7 @@ func (p *podRuntime) runOnce(c *containerRuntime) (code int, ok bool) {
 		c.fingerprint = auth.token.Fingerprint()
 	}
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}}
-	c.ready = kindOf(p, c) == kindPlain
+	c.ready = p.real == nil && kindOf(p, c) == kindPlain
 	restarts := c.restarts
 	p.mu.Unlock()
 	p.k.stats.started(ContainerStart{Namespace: p.pod.Namespace, Pod: p.pod.Name, PodUID: string(p.pod.UID),
@@ -165,7 +167,12 @@ func (p *podRuntime) runOnce(c *containerRuntime) (code int, ok bool) {
 		StartedAt: started, TokenFingerprint: c.fingerprint})
 	p.changed()
 
-	code, reason := p.execute(c, env, auth, hasToken)
+	var reason string
+	if p.real != nil {
+		code, reason = p.runReal(c, env)
+	} else {
+		code, reason = p.execute(c, env, auth, hasToken)
+	}
 	if p.ctx.Err() != nil {
 		return 0, false
 	}

@@ -3,6 +3,7 @@ package standin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -44,6 +45,8 @@ type Config struct {
 	JobPending, JobDuration time.Duration
 	// PrivateRegistry is the registry host whose images need pull credentials.
 	PrivateRegistry string
+	// Real runs the pods of namespaces annotated AnnotationRay=real as real processes (zero: never).
+	Real RealConfig
 }
 
 // Kubelet runs Ray pods on one emulated Node.
@@ -57,6 +60,8 @@ type Kubelet struct {
 	log     *slog.Logger
 	nsl     corelisters.NamespaceLister
 
+	real *realRuntime // nil: no real processes
+
 	mu    sync.Mutex
 	pods  map[types.UID]*podRuntime
 	byIP  map[string]*podRuntime
@@ -68,10 +73,18 @@ type Kubelet struct {
 func NewKubelet(cfg Config, kube kubernetes.Interface, factory informers.SharedInformerFactory, fp *Fingerprinter, log *slog.Logger) (*Kubelet, error) {
 	k := &Kubelet{cfg: cfg, kube: kube, fp: fp, stats: newStats(), objects: liveObjects{kube}, log: log,
 		pods: map[types.UID]*podRuntime{}, byIP: map[string]*podRuntime{}, heads: map[clusterKey]*head{}}
+	real, err := newRealRuntime(cfg.Real)
+	if err != nil {
+		return nil, fmt.Errorf("real Ray: %w", err)
+	}
+	k.real = real
 	core := factory.Core().V1()
 	k.nsl = core.Namespaces().Lister()
 	k.router = &router{services: core.Services().Lister(), pods: core.Pods().Lister(), dir: k}
-	_, err := core.Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if k.real != nil {
+		go k.writeClientHosts()
+	}
+	_, err = core.Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.observe(obj.(*corev1.Pod)) },
 		UpdateFunc: func(_, obj any) { k.observe(obj.(*corev1.Pod)) },
 		DeleteFunc: func(obj any) {
@@ -111,11 +124,12 @@ func (k *Kubelet) observe(pod *corev1.Pod) {
 	if known {
 		return
 	}
-	delay, start := k.startDelay(pod.Namespace)
+	delay, start, real := k.namespaceOptions(pod.Namespace)
 	if !start {
 		return
 	}
 	p := newPodRuntime(k, pod, role)
+	p.wantsReal = real
 	k.mu.Lock()
 	if _, known := k.pods[pod.UID]; known {
 		k.mu.Unlock()
@@ -126,28 +140,33 @@ func (k *Kubelet) observe(pod *corev1.Pod) {
 	go p.run(delay)
 }
 
-// startDelay applies the namespace's annotations (false: never start pods there).
-func (k *Kubelet) startDelay(namespace string) (time.Duration, bool) {
+// namespaceOptions applies the namespace's annotations: when its pods start (start false: never),
+// and whether they run real processes.
+func (k *Kubelet) namespaceOptions(namespace string) (delay time.Duration, start, real bool) {
 	ns, err := k.nsl.Get(namespace)
 	if err != nil {
 		// The pod's watch may deliver it before the namespace's: ask the API server.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if ns, err = k.kube.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
-			return k.cfg.StartDelay, true
+			return k.cfg.StartDelay, true, false
 		}
 	}
 	if ns.Annotations[AnnotationStart] == "never" {
-		return 0, false
+		return 0, false, false
 	}
+	real = ns.Annotations[AnnotationRay] == "real"
 	if v, ok := ns.Annotations[AnnotationStartDelay]; ok {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
-			return d, true
+			return d, true, real
 		}
 		k.log.Warn("ignoring an invalid start delay", "namespace", namespace, "annotation", AnnotationStartDelay)
 	}
-	return k.cfg.StartDelay, true
+	return k.cfg.StartDelay, true, real
 }
+
+// Close deletes the node network of real pods (their processes end with the stand-in).
+func (k *Kubelet) Close() { k.real.close() }
 
 // terminate stops a pod's containers; finalize then deletes the pod object for good, as the
 // kubelet does at the end of a graceful deletion.

@@ -323,14 +323,14 @@ func TestDeletionIsFinished(t *testing.T) {
 func TestNamespaceAnnotations(t *testing.T) {
 	tk := startTestKubelet(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS, Annotations: map[string]string{AnnotationStart: "never"}}})
 	eventually(t, time.Second, "namespace in the cache", func() bool { _, err := tk.nsl.Get(testNS); return err == nil })
-	if _, start := tk.startDelay(testNS); start {
+	if _, start, _ := tk.namespaceOptions(testNS); start {
 		t.Error("a never-start namespace starts pods")
 	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "slow", Annotations: map[string]string{AnnotationStartDelay: "1s"}}}
 	if _, err := tk.kube.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "slow namespace's delay", func() bool { d, ok := tk.startDelay("slow"); return ok && d == time.Second })
+	eventually(t, time.Second, "slow namespace's delay", func() bool { d, ok, _ := tk.namespaceOptions("slow"); return ok && d == time.Second })
 }
 
 func TestARestartedStandInAdoptsItsPods(t *testing.T) {

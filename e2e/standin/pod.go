@@ -39,6 +39,9 @@ type podRuntime struct {
 	main        []*containerRuntime
 	conditions  []corev1.PodCondition
 	head        *head // while this pod's Ray head runs
+	// wantsReal: its namespace runs real processes; real is their pod's namespace and files.
+	wantsReal bool
+	real      *realPod
 }
 
 func newPodRuntime(k *Kubelet, pod *corev1.Pod, role string) *podRuntime {
@@ -93,6 +96,9 @@ func (p *podRuntime) run(delay time.Duration) {
 	wg.Add(1)
 	go func() { defer wg.Done(); p.writeStatusLoop() }()
 	p.changed()
+	if p.wantsReal && !p.setUpReal() {
+		return
+	}
 
 	for _, c := range p.init {
 		if c.spec.RestartPolicy != nil && *c.spec.RestartPolicy == corev1.ContainerRestartPolicyAlways {
@@ -199,6 +205,9 @@ func (p *podRuntime) ready() bool {
 
 // listener is what answers on port of this pod's IP (nil: connection refused).
 func (p *podRuntime) listener(port int) http.Handler {
+	if p.real != nil {
+		return p.realListener(port)
+	}
 	ray := &p.pod.Spec.Containers[0]
 	p.mu.Lock()
 	h, running := p.head, len(p.main) > 0 && p.main[0].state.Running != nil
@@ -221,7 +230,7 @@ func (p *podRuntime) report() PodReport {
 	defer p.mu.Unlock()
 	r := PodReport{Namespace: p.pod.Namespace, Name: p.pod.Name, UID: string(p.pod.UID), IP: p.ip, Phase: string(podPhase(p.view()))}
 	for _, c := range append(append([]*containerRuntime{}, p.init...), p.main...) {
-		cr := ContainerReport{Name: c.spec.Name, Init: c.init, RestartCount: c.restarts}
+		cr := ContainerReport{Name: c.spec.Name, Init: c.init, RestartCount: c.restarts, Log: c.logPath}
 		switch {
 		case c.state.Running != nil:
 			cr.State, cr.TokenFingerprint = "running", c.fingerprint

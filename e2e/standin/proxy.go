@@ -3,8 +3,10 @@ package standin
 import (
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 )
 
 // forwardProxy is an HTTP proxy (what HTTP_PROXY points at) for one caller. It routes absolute-URI
@@ -19,7 +21,7 @@ type forwardProxy struct {
 
 func (p *forwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
-		http.Error(w, "the stand-in proxies plain HTTP only (Ray's dashboard and Serve); no tunnels", http.StatusMethodNotAllowed)
+		p.tunnel(w, r)
 		return
 	}
 	if !r.URL.IsAbs() {
@@ -52,4 +54,45 @@ func (p *forwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	in.Header.Del("Proxy-Connection")
 	in.Header.Del("Proxy-Authorization")
 	dest.handler.ServeHTTP(w, in)
+}
+
+// tunnel is HTTP CONNECT to a real pod's port (Ray Client's gRPC on 10001, or anything else a real
+// process serves), dialled from the node network. Emulated pods serve plain HTTP only.
+func (p *forwardProxy) tunnel(w http.ResponseWriter, r *http.Request) {
+	dest, err := p.router.resolve(r.Host, "", nil)
+	if err != nil || dest.pod == nil || dest.pod.real == nil {
+		if err == nil {
+			err = errors.New("an emulated pod serves plain HTTP only; tunnels reach real pods")
+		}
+		http.Error(w, "stand-in proxy: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	dest.pod.mu.Lock()
+	ip := dest.pod.ip
+	dest.pod.mu.Unlock()
+	up, err := dest.pod.k.dialPod(r.Context(), net.JoinHostPort(ip, strconv.Itoa(dest.port)))
+	if err != nil {
+		http.Error(w, "stand-in proxy: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		up.Close()
+		http.Error(w, "stand-in proxy: cannot tunnel", http.StatusInternalServerError)
+		return
+	}
+	down, buf, err := hj.Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	_, _ = down.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+	if n := buf.Reader.Buffered(); n > 0 {
+		b, _ := buf.Peek(n)
+		_, _ = up.Write(b)
+	}
+	p.stats.proxied(p.caller, func(c *ProxyCounts) { c.ToService++ })
+	splice(down, up)
+	down.Close()
+	up.Close()
 }

@@ -70,6 +70,8 @@ type ContainerReport struct {
 	RestartCount int    `json:"restartCount"`
 	// TokenFingerprint names the RAY_AUTH_TOKEN of the current run ("" if none or not started).
 	TokenFingerprint string `json:"tokenFingerprint,omitempty"`
+	// Log is a real container's stdout and stderr of its current (or last) run.
+	Log string `json:"log,omitempty"`
 }
 
 // ProxyStats counts what the HTTP proxies routed, per caller.

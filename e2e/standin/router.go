@@ -47,6 +47,7 @@ type router struct {
 type destination struct {
 	handler http.Handler
 	pod     *podRuntime
+	port    int
 	byPodIP bool
 }
 
@@ -151,7 +152,7 @@ func listening(p *podRuntime, port int, byIP bool) (destination, error) {
 	if h == nil {
 		return destination{}, fmt.Errorf("%s:%d: %w", p.ip, port, errRefused)
 	}
-	return destination{handler: h, pod: p, byPodIP: byIP}, nil
+	return destination{handler: h, pod: p, port: port, byPodIP: byIP}, nil
 }
 
 // rayPort is the port a Ray container declares under name, or Ray's default.

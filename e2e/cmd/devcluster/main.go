@@ -26,6 +26,7 @@ func main() {
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	version := fs.String("kuberay", envOr("KUBERAY_VERSION", "v1.6.1"), "KubeRay operator version (v1.5.1 or v1.6.1)")
 	dir := fs.String("dir", ".dev", "state directory (PKI, data, logs, pids, kubeconfig)")
+	realRay := fs.Bool("real-ray", !framework.RealRayDisabled(), "install Ray "+framework.RayVersion+" and run real Ray in namespaces annotated "+framework.StandInRay+"=real")
 	_ = fs.Parse(os.Args[2:])
 	abs, err := filepath.Abs(*dir)
 	if err != nil {
@@ -57,11 +58,19 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	var venv string
+	if *realRay {
+		if venv, err = framework.EnsureRay(ctx, logf); err != nil {
+			fail(err)
+		}
+	}
 	cp, err := framework.Start(ctx, framework.Options{
 		KubeRayVersion: *version,
 		Dir:            abs,
 		Detached:       true,
-		Logf:           func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
+		StandIn:        framework.StandInOptions{RayVenv: venv},
+		Logf:           logf,
 	})
 	if err != nil {
 		fail(err)

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -26,6 +27,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "sandbox" {
+		os.Exit(standin.RunSandbox(os.Args[2])) // one real container (see standin.SandboxSpec)
+	}
 	var cfg standin.Config
 	kubeconfig := flag.String("kubeconfig", "", "admin kubeconfig of the control plane")
 	keyFile := flag.String("fingerprint-key", "", "file holding the key that token fingerprints are HMACs under")
@@ -41,6 +45,8 @@ func main() {
 	flag.DurationVar(&cfg.JobPending, "job-pending", 200*time.Millisecond, "how long a Ray job stays PENDING")
 	flag.DurationVar(&cfg.JobDuration, "job-duration", 2*time.Second, "how long a Ray job runs before it SUCCEEDS")
 	flag.StringVar(&cfg.PrivateRegistry, "private-registry", "registry.example.internal", "registry whose images need pull credentials")
+	flag.StringVar(&cfg.Real.Venv, "ray-venv", "", "Ray's virtualenv: pods of namespaces annotated "+standin.AnnotationRay+"=real run real Ray from it (needs root)")
+	flag.StringVar(&cfg.Real.Dir, "pod-dir", "", "where real pods keep their volumes, files and logs (with -ray-venv)")
 	verbose := flag.Bool("v", false, "log every request the proxies could not route")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -71,11 +77,22 @@ func run(ctx context.Context, cfg standin.Config, kubeconfig, keyFile string, ad
 	if err != nil {
 		return err
 	}
+	if cfg.Real.Venv != "" {
+		if cfg.Real.Self, err = os.Executable(); err != nil {
+			return err
+		}
+		u, err := url.Parse(rc.Host)
+		if err != nil {
+			return err
+		}
+		cfg.Real.APIServer = u.Host
+	}
 	factory := informers.NewSharedInformerFactory(kube, 0)
 	k, err := standin.NewKubelet(cfg, kube, factory, fp, log)
 	if err != nil {
 		return err
 	}
+	defer k.Close()
 	if err := k.RegisterNode(ctx); err != nil {
 		return err
 	}
