@@ -59,7 +59,11 @@ func (p *forwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // tunnel is HTTP CONNECT to a real pod's port (Ray Client's gRPC on 10001, or anything else a real
 // process serves), dialled from the node network. Emulated pods serve plain HTTP only.
 func (p *forwardProxy) tunnel(w http.ResponseWriter, r *http.Request) {
-	dest, err := p.router.resolve(r.Host, "", nil)
+	target := r.URL.Host // CONNECT host:port
+	if target == "" {
+		target = r.Host
+	}
+	dest, err := p.router.resolve(target, "", nil)
 	if err != nil || dest.pod == nil || dest.pod.real == nil {
 		if err == nil {
 			err = errors.New("an emulated pod serves plain HTTP only; tunnels reach real pods")
