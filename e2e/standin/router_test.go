@@ -73,7 +73,7 @@ func TestProxyRoutesByHost(t *testing.T) {
 	if p.ToService != 3 || p.ToPodIP != 1 || p.UnknownHost != 3 || p.Refused != 2 {
 		t.Errorf("proxy counts: %+v", p)
 	}
-	if got, body := do(tk, CallerClient, http.MethodConnect, "http://c-head-svc.ns:8265", nil, ""); got != http.StatusBadGateway || !strings.Contains(body, "tunnels reach real pods") {
+	if got, body := do(tk, CallerClient, http.MethodConnect, "c-head-svc.ns:8265", nil, ""); got != http.StatusBadGateway || !strings.Contains(body, "tunnels reach real pods") {
 		t.Errorf("CONNECT to an emulated pod: HTTP %d (%s)", got, body)
 	}
 	req := httptest.NewRequest(http.MethodGet, "/api/jobs/", nil)
