@@ -56,6 +56,15 @@ func run(m *testing.M) int {
 				return 1
 			}
 		}
+		// Real Ray for the real-Ray tests (RAYSYNC_REAL_RAY=off skips them, saying so).
+		var venv string
+		if !framework.RealRayDisabled() {
+			var err error
+			if venv, err = framework.EnsureRay(ctx, logf); err != nil {
+				fmt.Fprintln(os.Stderr, "e2e:", err)
+				return 1
+			}
+		}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		var startErr error
@@ -63,7 +72,7 @@ func run(m *testing.M) int {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: v, Logf: logf})
+				cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: v, Logf: logf, StandIn: framework.StandInOptions{RayVenv: venv}})
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {

@@ -91,28 +91,11 @@ func TestWebhookEveryPodBornRight(t *testing.T) {
 		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(env.Secret(dockerConfig))})
 		crt, key := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(30*24*time.Hour))
 		env.PutSecret(srcNS, "autoscaler-tls", corev1.SecretTypeTLS, map[string][]byte{"tls.crt": crt, "tls.key": key})
-		port, err := framework.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfgName := "raysync-" + ns
-		api := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
-		if _, err := api.Create(env.ctx, framework.WebhookConfiguration(cfgName, port, []string{ns}), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = api.Delete(context.Background(), cfgName, metav1.DeleteOptions{}) })
-		args := []string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--pull-secret=" + srcNS + "/regcred",
-			"--autoscaler-tls-secret=" + srcNS + "/autoscaler-tls", "--precreate-auth-secrets=false",
-			fmt.Sprintf("--webhook-addr=127.0.0.1:%d", port), "--webhook-ips=127.0.0.1", "--webhook-configuration=" + cfgName,
-			"--webhook-cert-secret=" + srcNS + "/webhook-tls", "--webhook-cert-validity=1m"}
+		args := append([]string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--pull-secret=" + srcNS + "/regcred",
+			"--autoscaler-tls-secret=" + srcNS + "/autoscaler-tls", "--precreate-auth-secrets=false", "--webhook-cert-validity=1m"},
+			env.webhookFor(srcNS, ns)...)
 		s := env.StartSyncer(args...)
-		err = wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			c, err := api.Get(ctx, cfgName, metav1.GetOptions{})
-			return err == nil && len(c.Webhooks[0].ClientConfig.CABundle) > 0 && len(c.Webhooks[1].ClientConfig.CABundle) > 0, nil
-		})
-		if err != nil {
-			t.Fatal("raysync never put its CA into the webhook configuration")
-		}
+		env.waitCABundle(args)
 		born := env.watchPodsBorn(ns)
 
 		// Clusters created over 50 s: the 1-minute certificate renews meanwhile (with 20 s left).
@@ -190,19 +173,8 @@ func TestWebhookUpgradeAdoptsTheEarlierCertificate(t *testing.T) {
 	srcNS, ns := env.Namespace(), env.Namespace()
 	token := env.NewToken()
 	env.PutSource(srcNS, "ray-token", tokenData(token))
-	port, err := framework.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgName := "raysync-" + ns
-	api := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
-	if _, err := api.Create(env.ctx, framework.WebhookConfiguration(cfgName, port, []string{ns}), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Delete(context.Background(), cfgName, metav1.DeleteOptions{}) })
-	args := []string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--precreate-auth-secrets=false",
-		fmt.Sprintf("--webhook-addr=127.0.0.1:%d", port), "--webhook-ips=127.0.0.1", "--webhook-configuration=" + cfgName,
-		"--webhook-cert-secret=" + srcNS + "/webhook-tls"}
+	args := append([]string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--precreate-auth-secrets=false"},
+		env.webhookFor(srcNS, ns)...)
 	env.StartSyncer(args...).Stop()
 	// As the earlier release left it: the same Secret without the mark.
 	sec, err := env.Kube.CoreV1().Secrets(srcNS).Get(env.ctx, "webhook-tls", metav1.GetOptions{})
@@ -241,5 +213,41 @@ func TestWebhookUpgradeAdoptsTheEarlierCertificate(t *testing.T) {
 	}
 	if got, _ := env.Kube.CoreV1().Secrets(srcNS).Get(env.ctx, "theirs-tls", metav1.GetOptions{}); string(got.Data["tls.crt"]) != "theirs" || len(got.Annotations) != 0 {
 		t.Error("changed a Secret raysync does not own")
+	}
+}
+
+// webhookFor creates a URL-form webhook configuration for namespaces (the API server calls raysync
+// on 127.0.0.1) and returns the syncer flags that serve it, with the certificate in srcNS.
+func (e *Env) webhookFor(srcNS string, namespaces ...string) []string {
+	e.t.Helper()
+	port, err := framework.FreePort()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfgName := "raysync-" + namespaces[0]
+	api := e.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if _, err := api.Create(e.ctx, framework.WebhookConfiguration(cfgName, port, namespaces), metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = api.Delete(context.Background(), cfgName, metav1.DeleteOptions{}) })
+	return []string{fmt.Sprintf("--webhook-addr=127.0.0.1:%d", port), "--webhook-ips=127.0.0.1", "--webhook-configuration=" + cfgName,
+		"--webhook-cert-secret=" + srcNS + "/webhook-tls"}
+}
+
+// waitCABundle waits until raysync put its CA into the webhook configuration its flags name.
+func (e *Env) waitCABundle(args []string) {
+	e.t.Helper()
+	var name string
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--webhook-configuration="); ok {
+			name = v
+		}
+	}
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		c, err := e.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, name, metav1.GetOptions{})
+		return err == nil && len(c.Webhooks[0].ClientConfig.CABundle) > 0 && len(c.Webhooks[1].ClientConfig.CABundle) > 0, nil
+	})
+	if err != nil {
+		e.t.Fatal("raysync never put its CA into the webhook configuration")
 	}
 }

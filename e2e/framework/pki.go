@@ -160,3 +160,50 @@ contexts:
 current-context: raysync-e2e
 `, server, ca, cert, key)), 0o600)
 }
+
+// IssueClientCert issues a client certificate for user cn (with groups orgs) from the control plane's
+// CA, which the API server trusts for client authentication, and returns it with its key and the CA
+// (which also signed the API server's serving certificate). Not for a cluster the harness did not start.
+func (c *ControlPlane) IssueClientCert(cn string, orgs []string) (crt, key, ca []byte, err error) {
+	if c.External {
+		return nil, nil, nil, fmt.Errorf("the harness has no CA of a cluster it did not start")
+	}
+	caPEM, err := os.ReadFile(filepath.Join(c.Dir, "ca.crt"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(c.Dir, "ca.key"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cb, _ := pem.Decode(caPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, nil, fmt.Errorf("no CA in %s", c.Dir)
+	}
+	caCert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	caKey, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(30 * 24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), caPEM, nil
+}

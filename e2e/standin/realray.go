@@ -341,8 +341,11 @@ func writeIfChanged(path, content string) {
 func (p *podRuntime) runReal(c *containerRuntime, env map[string]string) (int, string) {
 	r := p.k.real
 	spec := SandboxSpec{NetNS: p.real.netns, Env: realEnv(env, r.cfg.Venv, p.real.dir),
-		Argv: append(append([]string{}, c.spec.Command...), c.spec.Args...), Dir: c.spec.WorkingDir, Hostname: p.pod.Name,
+		Dir: c.spec.WorkingDir, Hostname: p.pod.Name,
 		Log: filepath.Join(p.real.dir, "logs", fmt.Sprintf("%s-%d.log", c.spec.Name, c.restarts))}
+	for _, a := range append(append([]string{}, c.spec.Command...), c.spec.Args...) {
+		spec.Argv = append(spec.Argv, expand(a, env))
+	}
 	if len(spec.Argv) == 0 {
 		spec.Argv = []string{"sleep", "infinity"} // an image's entrypoint: Ray images have none
 	}
@@ -590,4 +593,38 @@ func (k *Kubelet) dialPod(ctx context.Context, addr string) (net.Conn, error) {
 		return nil, errors.New("no real pods")
 	}
 	return k.real.net.dial(ctx, "tcp", addr)
+}
+
+// expand is the kubelet's $(VAR) expansion of a container's command and args: $(NAME) becomes the
+// value of NAME in the container's env, $$ is a literal $, and a reference to a variable the env
+// does not have stays as written (k8s.io/kubernetes third_party/forked/golang/expansion).
+func expand(s string, env map[string]string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 >= len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch next := s[i+1]; {
+		case next == '$':
+			b.WriteByte('$')
+			i++
+		case next == '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end < 0 {
+				b.WriteString(s[i:])
+				return b.String()
+			}
+			name := s[i+2 : i+2+end]
+			if v, ok := env[name]; ok {
+				b.WriteString(v)
+			} else {
+				b.WriteString(s[i : i+3+end])
+			}
+			i += 2 + end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String()
 }

@@ -1,0 +1,390 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+// Real Ray in the loop: the stand-in runs Ray 2.60 itself (the harness installs it) for the pods of
+// these tests' namespaces, so what is checked is what Ray's own processes accept and do.
+
+const realRayImage = "rayproject/ray:" + framework.RayVersion
+
+// RealRayNamespace creates a namespace whose pods run real Ray. With RAYSYNC_REAL_RAY=off the test is
+// skipped, saying so; otherwise a stand-in without real Ray fails it.
+func (e *Env) RealRayNamespace() string {
+	e.t.Helper()
+	if framework.RealRayDisabled() {
+		e.t.Skipf("real Ray is off (%s=off)", framework.RealRayOff)
+	}
+	if _, err := e.StandIn().Network(e.ctx); err != nil {
+		e.t.Fatalf("the stand-in runs no real Ray: %v", err)
+	}
+	return e.NamespaceAnnotated(map[string]string{framework.StandInRay: "real", framework.StandInStartDelay: "0s"})
+}
+
+// longer gives a real-Ray test more time than the suite's 10 minutes per test.
+func (e *Env) longer(d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	e.t.Cleanup(cancel)
+	e.ctx = ctx
+}
+
+// realRayCluster is a token-auth RayCluster for real Ray: a head that runs no tasks (num-cpus 0) and
+// a worker group of 1-CPU workers from 0 to 2, small object stores.
+func realRayCluster(ns, name string, mutate ...any) *unstructured.Unstructured {
+	container := func(n string, mem string) map[string]any {
+		return map[string]any{"name": n, "image": realRayImage,
+			"resources": map[string]any{"limits": map[string]any{"cpu": "1", "memory": mem}}}
+	}
+	spec := map[string]any{
+		"rayVersion":  framework.RayVersion,
+		"authOptions": map[string]any{"mode": "token"},
+		"headGroupSpec": map[string]any{
+			"rayStartParams": map[string]any{"num-cpus": "0", "object-store-memory": "100000000"},
+			"template":       map[string]any{"spec": map[string]any{"containers": []any{container("ray-head", "2Gi")}}},
+		},
+		"workerGroupSpecs": []any{map[string]any{
+			"groupName": "workers", "replicas": int64(0), "minReplicas": int64(0), "maxReplicas": int64(2),
+			"rayStartParams": map[string]any{"num-cpus": "1", "object-store-memory": "100000000"},
+			"template":       map[string]any{"spec": map[string]any{"containers": []any{container("ray-worker", "1Gi")}}},
+		}},
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayCluster",
+		"metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec}}
+	for _, m := range mutate {
+		switch m := m.(type) {
+		case func(map[string]any):
+			m(spec)
+		case func(*unstructured.Unstructured):
+			m(u)
+		}
+	}
+	return u
+}
+
+// autoscalingWithoutServiceAccountToken turns on KubeRay's in-tree autoscaler and mounts no
+// service-account token in the head pod: the autoscaler has only what raysync gives it.
+func autoscalingWithoutServiceAccountToken(spec map[string]any) {
+	spec["enableInTreeAutoscaling"] = true
+	spec["autoscalerOptions"] = map[string]any{"idleTimeoutSeconds": int64(60)}
+	spec["headGroupSpec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["automountServiceAccountToken"] = false
+}
+
+func withRealPrivateImage(spec map[string]any) {
+	withPrivateImage(spec)
+	templates := []map[string]any{spec["headGroupSpec"].(map[string]any)}
+	for _, g := range spec["workerGroupSpecs"].([]any) {
+		templates = append(templates, g.(map[string]any))
+	}
+	for _, t := range templates {
+		for _, c := range t["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any) {
+			c.(map[string]any)["image"] = framework.PrivateRegistry + "/ml/ray:" + framework.RayVersion
+		}
+	}
+}
+
+// rayCLI runs Ray's own CLI as a client outside the cluster (through the stand-in's client proxy,
+// HTTP_PROXY), with the token in RAY_AUTH_TOKEN ("" for none), and returns its output and exit code.
+func (e *Env) rayCLI(timeout time.Duration, token string, args ...string) (string, int) {
+	e.t.Helper()
+	n, err := e.StandIn().Network(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(n.Venv, "bin", "ray"), args...)
+	home := e.t.TempDir()
+	cmd.Env = []string{"PATH=" + filepath.Join(n.Venv, "bin") + ":/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8",
+		"HTTP_PROXY=" + e.StandIn().ClientProxyURL, "http_proxy=" + e.StandIn().ClientProxyURL, "NO_PROXY=", "RAY_USAGE_STATS_ENABLED=0"}
+	if token != "" {
+		cmd.Env = append(cmd.Env, "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN="+token)
+	}
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if x, ok := err.(*exec.ExitError); ok {
+		code = x.ExitCode()
+	} else if err != nil {
+		e.t.Fatalf("ray %s: %v", strings.Join(args, " "), err)
+	}
+	return e.redact(string(out)), code
+}
+
+// redact removes every secret value the test registered from s (for output shown on failure).
+func (e *Env) redact(s string) string {
+	for _, v := range e.secrets {
+		if len(v) >= 8 {
+			s = strings.ReplaceAll(s, v, "<redacted>")
+		}
+	}
+	return s
+}
+
+var submittedJob = regexp.MustCompile(`Job '([^']+)' submitted successfully`)
+
+// submitJob submits entrypoint with `ray job submit --no-wait` and returns the job's id.
+func (e *Env) submitJob(dashboard, token, entrypoint string) string {
+	e.t.Helper()
+	out, code := e.rayCLI(2*time.Minute, token, "job", "submit", "--address", dashboard, "--no-wait", "--", "python", "-c", entrypoint)
+	m := submittedJob.FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		e.t.Fatalf("ray job submit: exit %d\n%s", code, out)
+	}
+	return m[1]
+}
+
+// rayAPI GETs path on a dashboard through the client proxy with the token and decodes the JSON.
+func (e *Env) rayAPI(dashboard, path, token string, into any) int {
+	e.t.Helper()
+	req, _ := http.NewRequestWithContext(e.ctx, http.MethodGet, dashboard+path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := e.StandIn().Client().Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	if into != nil && resp.StatusCode == http.StatusOK {
+		_ = json.NewDecoder(resp.Body).Decode(into)
+	}
+	return resp.StatusCode
+}
+
+// waitDashboard waits until a head's dashboard answers (a Ready head pod says its raylet and GCS are
+// up; the dashboard comes a few seconds later).
+func (e *Env) waitDashboard(dashboard, token string) {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 500*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return e.rayAPI(dashboard, "/api/version", token, nil) == http.StatusOK, nil
+	})
+	if err != nil {
+		e.t.Fatalf("the dashboard %s never answered", dashboard)
+	}
+}
+
+// waitJob waits until the job reaches a terminal status and returns it.
+func (e *Env) waitJob(dashboard, id, token string, timeout time.Duration) string {
+	e.t.Helper()
+	var status string
+	_ = wait.PollUntilContextTimeout(e.ctx, time.Second, timeout, true, func(context.Context) (bool, error) {
+		var info struct {
+			Status string `json:"status"`
+		}
+		if e.rayAPI(dashboard, "/api/jobs/"+id, token, &info) == http.StatusOK {
+			status = info.Status
+		}
+		return status == "SUCCEEDED" || status == "FAILED" || status == "STOPPED", nil
+	})
+	return status
+}
+
+// rayNodes reads the nodes of a cluster from Ray's own state API: node IP -> state (ALIVE, DEAD).
+func (e *Env) rayNodes(dashboard, token string) map[string]string {
+	e.t.Helper()
+	var body struct {
+		Data struct {
+			Result struct {
+				Result []struct {
+					NodeIP string `json:"node_ip"`
+					State  string `json:"state"`
+				} `json:"result"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if code := e.rayAPI(dashboard, "/api/v0/nodes?limit=100", token, &body); code != http.StatusOK {
+		e.t.Fatalf("GET /api/v0/nodes: HTTP %d", code)
+	}
+	out := map[string]string{}
+	for _, n := range body.Data.Result.Result {
+		out[n.NodeIP] = n.State
+	}
+	return out
+}
+
+func alive(nodes map[string]string) int {
+	n := 0
+	for _, st := range nodes {
+		if st == "ALIVE" {
+			n++
+		}
+	}
+	return n
+}
+
+// grantAutoscaler gives user what KubeRay's own autoscaler Role grants (controllers/ray/common/rbac.go).
+func (e *Env) grantAutoscaler(ns, user string) {
+	e.t.Helper()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "ray-autoscaler", Namespace: ns}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/resize"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"ray.io"}, Resources: []string{"rayclusters"}, Verbs: []string{"get", "patch"}},
+	}}
+	if _, err := e.Kube.RbacV1().Roles(ns).Create(e.ctx, role, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "ray-autoscaler", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	if _, err := e.Kube.RbacV1().RoleBindings(ns).Create(e.ctx, rb, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A job that needs one worker CPU, and one that needs two at the same time.
+const (
+	oneWorkerJob  = "import ray, socket; ray.init(); print('ran on', ray.get(ray.remote(num_cpus=1)(lambda: socket.gethostname()).remote()))"
+	twoWorkersJob = "import ray, time, socket; ray.init(); f = ray.remote(num_cpus=1)(lambda: (time.sleep(20), socket.gethostname())[1]); print('ran on', sorted(set(ray.get([f.remote(), f.remote()]))))"
+)
+
+// Seed 001 and 002 end to end with real Ray: a token-auth cluster from a private registry with
+// in-tree autoscaling and no service-account token. A job that needs a worker makes Ray's own
+// autoscaler scale the group up through the client certificate raysync mounts (its API server is the
+// real kube-apiserver, which authenticates it by x509 only); the workers pull with the pull secret,
+// start on the canonical token, join, and the job succeeds; a wrong token is refused by Ray. Then the
+// canonical token rotates: the cluster is held, and a job needing two workers scales it up again; the
+// new workers get the token the cluster runs on and join (Ray's own node list).
+func TestRealRayAutoscalingPrivateClusterThroughARotation(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		env.longer(20 * time.Minute)
+		ns, srcNS := env.RealRayNamespace(), env.Namespace()
+		t1 := env.NewToken()
+		env.PutSource(srcNS, "ray-token", tokenData(t1))
+		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(env.Secret(dockerConfig))})
+		const user = "raysync-e2e-autoscaler"
+		crt, key, ca, err := env.IssueClientCert(user, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.Secret(strings.Split(string(key), "\n")[1])
+		env.PutSecret(srcNS, "autoscaler-tls", corev1.SecretTypeTLS, map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": ca})
+		env.grantAutoscaler(ns, user)
+		args := append([]string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--pull-secret=" + srcNS + "/regcred",
+			"--autoscaler-tls-secret=" + srcNS + "/autoscaler-tls", "--autoscaler-api-server=https://kubernetes.default.svc:443"},
+			env.webhookFor(srcNS, ns)...)
+		s := env.StartSyncer(args...)
+		env.waitCABundle(args)
+
+		created := time.Now()
+		env.CreateRayCluster(realRayCluster(ns, "auto", autoscalingWithoutServiceAccountToken, withRealPrivateImage))
+		head := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=auto,"+kuberay.NodeTypeLabel+"=head", 1, 5*time.Minute)[0]
+		headReady := time.Since(created)
+		dashboard := headURL(ns, "auto-head-svc")
+		env.waitDashboard(dashboard, t1)
+		i := slices.IndexFunc(head.Spec.Containers, func(c corev1.Container) bool { return c.Name == "autoscaler" })
+		if i < 0 || !hasAutoscalerTLS(&head) {
+			t.Fatalf("the head pod's autoscaler lacks raysync's client certificate: %s", describePods([]corev1.Pod{head}))
+		}
+		for _, v := range head.Spec.Volumes {
+			if v.Projected != nil {
+				t.Fatalf("the head pod mounts a projected volume %s: the autoscaler must have no service-account token", v.Name)
+			}
+		}
+
+		// A job that needs a worker: Ray's autoscaler asks the API server for one, with the certificate.
+		submitted := time.Now()
+		id := env.submitJob(dashboard, t1, oneWorkerJob)
+		if st := env.waitJob(dashboard, id, t1, 6*time.Minute); st != "SUCCEEDED" {
+			out, _ := env.rayCLI(time.Minute, t1, "job", "logs", "--address", dashboard, id)
+			t.Fatalf("job %s: %s; the autoscaler says:\n%s\njob logs:\n%s", id, st, env.containerLog(ns, head.Name, "autoscaler", 30), out)
+		}
+		scaledUp := time.Since(submitted)
+		out, _ := env.rayCLI(time.Minute, t1, "job", "logs", "--address", dashboard, id)
+		if !strings.Contains(out, "ran on auto-workers-worker-") {
+			t.Errorf("the task did not run on a worker pod:\n%s", out)
+		}
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=auto,"+kuberay.NodeTypeLabel+"=worker", 1, time.Minute)
+		env.AssertStartedWith(ns, t1, "auto")
+		if n := env.rayNodes(dashboard, t1); alive(n) < 2 {
+			t.Errorf("Ray's node list %v: want the head and a worker alive", n)
+		}
+		if out, code := env.rayCLI(time.Minute, env.NewToken(), "job", "submit", "--address", dashboard, "--", "python", "-c", "print(1)"); code == 0 ||
+			!strings.Contains(out, "Invalid authentication token") {
+			t.Errorf("a job with a wrong token: exit %d\n%s", code, out)
+		}
+		if v, _ := s.Metric("raysync_pods_recycled_total", map[string]string{"reason": "pull_secret"}); v != 0 {
+			t.Errorf("%v pods recycled: the webhook should have given every pod the pull secret at creation", v)
+		}
+
+		// Rotation: the cluster is held on t1; a job needing two workers scales it up again, on t1.
+		before := env.WaitSecret(ns, "auto", 10*time.Second, holds(t1))
+		t2 := env.NewToken()
+		rotatedAt := time.Now()
+		env.PutSource(srcNS, "ray-token", tokenData(t2))
+		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"}, 1, 30*time.Second)
+		id2 := env.submitJob(dashboard, t1, twoWorkersJob)
+		if st := env.waitJob(dashboard, id2, t1, 6*time.Minute); st != "SUCCEEDED" {
+			t.Fatalf("job %s on the held cluster: %s; autoscaler:\n%s", id2, st, env.containerLog(ns, head.Name, "autoscaler", 30))
+		}
+		if cur := env.WaitSecret(ns, "auto", time.Second, nil); cur.ResourceVersion != before.ResourceVersion {
+			t.Error("the held cluster's Secret was written after the rotation")
+		}
+		if all, with := env.startsSince(ns, "auto", t1, rotatedAt); all == 0 || with != all {
+			t.Errorf("held cluster: %d of %d container starts after the rotation used the token it runs on", with, all)
+		}
+		nodes := env.rayNodes(dashboard, t1)
+		if alive(nodes) < 3 || alive(nodes) != len(nodes) {
+			t.Errorf("Ray's node list after the scale-up: %v; want the head and two workers, all alive (0 join failures)", nodes)
+		}
+		if st, err := env.StandIn().Stats(env.ctx, ns, "auto"); err != nil || st.JoinFailures != 0 {
+			t.Errorf("join failures seen by the stand-in: %+v %v", st.JoinFailures, err)
+		}
+		if code := env.rayAPI(dashboard, "/api/jobs/", t2, nil); code != http.StatusForbidden {
+			t.Errorf("the held cluster answered the new token with HTTP %d, want 403 (it runs on the old one)", code)
+		}
+
+		// The counterfactual, once: a worker started with the other token.
+		began := time.Now()
+		out, code, err := env.StandIn().RunRayClient(env.ctx, 2*time.Minute, map[string]string{"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": t2},
+			"ray", "start", "--address=auto-head-svc."+ns+".svc.cluster.local:6379", "--num-cpus=0", "--block")
+		refused := time.Since(began)
+		if err != nil || code == 0 || !strings.Contains(out, "InvalidAuthToken") {
+			t.Errorf("a worker on the other token: exit %d (%v)\n%s", code, err, env.redact(lastLines(out, 10)))
+		}
+		line := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "InvalidAuthToken") {
+				line = strings.TrimSpace(l)
+				break
+			}
+		}
+		t.Logf("MEASURE real-ray kuberay=%s head_ready_s=%.1f submit_to_job_done_with_new_worker_s=%.1f wrong_token_worker_exit=%d after_s=%.1f line=%q",
+			env.KubeRayVersion, headReady.Seconds(), scaledUp.Seconds(), code, refused.Seconds(), line)
+	})
+}
+
+// containerLog is the last n lines a real container printed (its current run).
+func (e *Env) containerLog(ns, pod, container string, n int) string {
+	e.t.Helper()
+	r, err := e.StandIn().Pod(e.ctx, ns, pod)
+	if err != nil {
+		return err.Error()
+	}
+	for _, c := range r.Containers {
+		if c.Name == container && c.Log != "" {
+			b, _ := os.ReadFile(c.Log)
+			return e.redact(lastLines(string(b), n))
+		}
+	}
+	return "(no log)"
+}
+
