@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -367,8 +368,17 @@ func TestRealRayAutoscalingPrivateClusterThroughARotation(t *testing.T) {
 				break
 			}
 		}
-		t.Logf("MEASURE real-ray kuberay=%s head_ready_s=%.1f submit_to_job_done_with_new_worker_s=%.1f wrong_token_worker_exit=%d after_s=%.1f line=%q",
-			env.KubeRayVersion, headReady.Seconds(), scaledUp.Seconds(), code, refused.Seconds(), line)
+		workerExit := code
+		// The same autoscaler without raysync's entries (no client certificate, no service-account
+		// token) cannot authenticate to the API server at all.
+		out, code, err = env.StandIn().RunRayClient(env.ctx, 2*time.Minute, map[string]string{"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": t1,
+			"KUBERNETES_SERVICE_HOST": "kubernetes.default.svc", "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERAY_CRD_VER": "v1"},
+			"ray", "kuberay-autoscaler", "--cluster-name", "auto", "--cluster-namespace", ns, "--gcs-address", "auto-head-svc."+ns+".svc.cluster.local:6379")
+		if err != nil || code == 0 || !strings.Contains(out, "/var/run/secrets/kubernetes.io/serviceaccount/token") {
+			t.Errorf("the autoscaler without raysync's client certificate: exit %d (%v)\n%s", code, err, env.redact(lastLines(out, 10)))
+		}
+		t.Logf("MEASURE real-ray kuberay=%s head_ready_s=%.1f submit_to_job_done_with_new_worker_s=%.1f wrong_token_worker_exit=%d after_s=%.1f line=%q autoscaler_without_raysync=%q",
+			env.KubeRayVersion, headReady.Seconds(), scaledUp.Seconds(), workerExit, refused.Seconds(), line, lastLines(out, 1))
 	})
 }
 
@@ -388,3 +398,183 @@ func (e *Env) containerLog(ns, pod, container string, n int) string {
 	return "(no log)"
 }
 
+// TestEmulationMatchesRealRay: the emulated Ray the fleet-scale tests run on is checked against Ray
+// 2.60 itself. One table of calls goes to a real head and an emulated one: the Jobs API and the
+// dashboard with right, wrong and missing tokens in every form Ray reads, the endpoints Ray leaves
+// open, Serve's API, POST /api/authenticate, browser traffic, worker joins with the right and a wrong
+// token, and KubeRay's own dashboard client. Every difference is a defect of the emulation.
+func TestEmulationMatchesRealRay(t *testing.T) {
+	if len(controlPlanes) == 0 {
+		t.Skip("no control plane")
+	}
+	cp := controlPlanes[len(controlPlanes)-1] // v1.6.1 when both run: a user RAY_AUTH_TOKEN wins there
+	env := newEnv(t, cp)
+	env.longer(15 * time.Minute)
+	realNS := env.RealRayNamespace()
+	emuNS := env.Namespace()
+	wrong := env.NewToken()
+	withWrongTokenWorker := func(spec map[string]any) {
+		groups := spec["workerGroupSpecs"].([]any)
+		g := map[string]any{"groupName": "wrongtoken", "replicas": int64(1), "minReplicas": int64(0), "maxReplicas": int64(1),
+			"rayStartParams": map[string]any{"num-cpus": "1", "object-store-memory": "100000000"},
+			"template": map[string]any{"spec": map[string]any{"containers": []any{map[string]any{"name": "ray-worker", "image": realRayImage,
+				"env": []any{map[string]any{"name": "RAY_AUTH_TOKEN", "value": wrong}}}}}}}
+		first := groups[0].(map[string]any)
+		first["replicas"] = int64(1)
+		spec["workerGroupSpecs"] = append(groups, g)
+	}
+	supportsUserToken := env.SupportsSecretName() // v1.6+: KubeRay keeps a container's own RAY_AUTH_TOKEN
+	// A cluster without token auth whose head nevertheless has a token: Ray 2.59+ turns auth on.
+	tokenWithoutAuth := func(spec map[string]any) {
+		delete(spec, "authOptions")
+		spec["workerGroupSpecs"] = []any{}
+		c := spec["headGroupSpec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+		c["env"] = []any{map[string]any{"name": "RAY_AUTH_TOKEN", "value": wrong}}
+	}
+	for _, ns := range []string{realNS, emuNS} {
+		opts := []any{}
+		if supportsUserToken {
+			opts = append(opts, withWrongTokenWorker)
+		} else {
+			opts = append(opts, func(spec map[string]any) { spec["workerGroupSpecs"].([]any)[0].(map[string]any)["replicas"] = int64(1) })
+		}
+		env.CreateRayCluster(realRayCluster(ns, "cmp", opts...))
+		env.CreateRayCluster(realRayCluster(ns, "noauth", tokenWithoutAuth))
+	}
+	tokens := map[string]string{}
+	for _, ns := range []string{realNS, emuNS} {
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=cmp,"+kuberay.NodeTypeLabel+"=head", 1, 5*time.Minute)
+		tokens[ns] = env.Secret(env.secretToken(ns, "cmp"))
+		env.waitDashboard(headURL(ns, "cmp-head-svc"), tokens[ns])
+	}
+	type row struct {
+		name, method, path string
+		headers            func(token string) map[string]string
+	}
+	bearer := func(k, prefix string) func(string) map[string]string {
+		return func(tok string) map[string]string { return map[string]string{k: prefix + tok} }
+	}
+	none := func(string) map[string]string { return nil }
+	wrongFor := func(h func(string) map[string]string) func(string) map[string]string {
+		return func(string) map[string]string { return h(wrong) }
+	}
+	rows := []row{}
+	for _, path := range []string{"/api/jobs/", "/api/version", "/api/serve/applications/"} {
+		rows = append(rows,
+			row{"no token", "GET", path, none},
+			row{"Authorization: Bearer", "GET", path, bearer("Authorization", "Bearer ")},
+			row{"Authorization: Bearer, wrong", "GET", path, wrongFor(bearer("Authorization", "Bearer "))},
+			row{"Authorization without Bearer", "GET", path, bearer("Authorization", "")},
+			row{"Authorization: bearer (lower case)", "GET", path, bearer("Authorization", "bearer ")},
+			row{"X-Ray-Authorization: Bearer", "GET", path, bearer("X-Ray-Authorization", "Bearer ")},
+			row{"X-Ray-Authorization: Bearer, wrong", "GET", path, wrongFor(bearer("X-Ray-Authorization", "Bearer "))},
+			row{"X-Ray-Authorization without Bearer", "GET", path, bearer("X-Ray-Authorization", "")},
+			row{"cookie", "GET", path, func(tok string) map[string]string { return map[string]string{"Cookie": "ray-authentication-token=" + tok} }},
+			row{"cookie, wrong", "GET", path, func(string) map[string]string { return map[string]string{"Cookie": "ray-authentication-token=" + wrong} }},
+			row{"wrong Authorization, right X-Ray-Authorization", "GET", path, func(tok string) map[string]string {
+				return map[string]string{"Authorization": "Bearer " + wrong, "X-Ray-Authorization": "Bearer " + tok}
+			}},
+		)
+	}
+	for _, path := range []string{"/api/gcs_healthz", "/api/authentication_mode", "/api/healthz"} {
+		rows = append(rows, row{"no token", "GET", path, none})
+	}
+	rows = append(rows,
+		row{"right token", "POST", "/api/authenticate", bearer("Authorization", "Bearer ")},
+		row{"wrong token", "POST", "/api/authenticate", wrongFor(bearer("Authorization", "Bearer "))},
+		row{"no token", "POST", "/api/authenticate", none},
+		row{"token in X-Ray-Authorization", "POST", "/api/authenticate", bearer("X-Ray-Authorization", "Bearer ")},
+		row{"a browser, right token", "POST", "/api/jobs/", func(tok string) map[string]string {
+			return map[string]string{"Authorization": "Bearer " + tok, "User-Agent": "Mozilla/5.0", "Content-Type": "application/json"}
+		}},
+	)
+	call := func(ns string, r row) (int, bool) {
+		req, _ := http.NewRequestWithContext(env.ctx, r.method, headURL(ns, "cmp-head-svc")+r.path, strings.NewReader(`{"entrypoint":"echo 1"}`))
+		for k, v := range r.headers(tokens[ns]) {
+			req.Header.Set(k, v)
+		}
+		resp, err := env.StandIn().Client().Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", r.method, r.path, err)
+		}
+		resp.Body.Close()
+		cookie := false
+		for _, c := range resp.Cookies() {
+			cookie = cookie || c.Name == "ray-authentication-token"
+		}
+		return resp.StatusCode, cookie
+	}
+	for _, ns := range []string{realNS, emuNS} {
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=noauth", 1, 5*time.Minute)
+		env.waitDashboard(headURL(ns, "noauth-head-svc"), wrong)
+	}
+	if got, want := env.rayAPI(headURL(emuNS, "noauth-head-svc"), "/api/jobs/", "", nil), env.rayAPI(headURL(realNS, "noauth-head-svc"), "/api/jobs/", "", nil); got != want {
+		t.Errorf("a head with RAY_AUTH_TOKEN and no RAY_AUTH_MODE, no token presented: real Ray answers %d, the emulation %d", want, got)
+	}
+	for _, r := range rows {
+		got, gotCookie := call(emuNS, r)
+		want, wantCookie := call(realNS, r)
+		if got != want || gotCookie != wantCookie {
+			t.Errorf("%s %s (%s): real Ray answers %d (sets the cookie: %v), the emulation %d (%v)", r.method, r.path, r.name, want, wantCookie, got, gotCookie)
+		}
+	}
+
+	// Worker joins: with the cluster's token a worker joins; with another it is refused and restarts.
+	for _, group := range []string{"workers", "wrongtoken"} {
+		if group == "wrongtoken" && !supportsUserToken {
+			continue
+		}
+		outcome := map[string]string{}
+		for _, ns := range []string{realNS, emuNS} {
+			deadline := time.Now().Add(2 * time.Minute)
+			for {
+				l, err := env.Kube.CoreV1().Pods(ns).List(env.ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=cmp,ray.io/group=" + group})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(l.Items) > 0 {
+					p := l.Items[0]
+					switch {
+					case podReady(&p):
+						outcome[ns] = "joined"
+					case restartCount(&p, "ray-worker") > 0:
+						outcome[ns] = "refused and restarted"
+					case p.Status.StartTime != nil && time.Since(p.Status.StartTime.Time) > 30*time.Second && len(p.Status.InitContainerStatuses) > 0 &&
+						p.Status.InitContainerStatuses[0].State.Running != nil:
+						outcome[ns] = "wait-gcs-ready refused, retrying"
+					}
+				}
+				if outcome[ns] != "" || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(time.Second)
+			}
+		}
+		if outcome[realNS] != outcome[emuNS] || outcome[realNS] == "" {
+			t.Errorf("worker group %s: real Ray %q, the emulation %q", group, outcome[realNS], outcome[emuNS])
+		}
+	}
+
+	// KubeRay's own dashboard client, with the cluster's token and a wrong one.
+	for _, tok := range []string{"", wrong} {
+		r := map[string]rayClientReport{}
+		for _, ns := range []string{realNS, emuNS} {
+			use := tokens[ns]
+			if tok != "" {
+				use = tok
+			}
+			r[ns] = env.runRayClient(headURL(ns, "cmp-head-svc"), use, "cmp-"+strings.TrimPrefix(ns, "e2e-")+fmt.Sprint(len(tok)))
+		}
+		real, emu := r[realNS], r[emuNS]
+		same := func(a, b string) bool { return (a == "") == (b == "") && statusIn(a) == statusIn(b) }
+		if real.JobStatus != emu.JobStatus || !same(real.SubmitError, emu.SubmitError) || !same(real.StatusError, emu.StatusError) ||
+			!same(real.ServeError, emu.ServeError) || real.GotLogs != emu.GotLogs || !same(real.DeleteError, emu.DeleteError) {
+			t.Errorf("KubeRay's dashboard client (wrong token: %v):\nreal Ray  %+v\nemulation %+v", tok != "", real, emu)
+		}
+	}
+}
+
+var httpStatusIn = regexp.MustCompile(`\b(40[0-9]|50[0-9])\b`)
+
+// statusIn is the HTTP status an error message names ("" when none).
+func statusIn(msg string) string { return httpStatusIn.FindString(msg) }

@@ -13,20 +13,27 @@ const (
 )
 
 // presentedToken finds the token a request carries, where Ray's HTTP servers look for it and in
-// their order: Authorization: Bearer, then X-Ray-Authorization, then the cookie. The first source
-// present wins, even when a later one would have held the right token.
+// their order: Authorization, then X-Ray-Authorization, then the cookie. The first source present
+// wins, even when a later one would have held the right token; a header without the exact "Bearer "
+// prefix presents a token that matches none (Ray 2.60 answers 403). Checked against real Ray
+// (TestEmulationMatchesRealRay).
 func presentedToken(h http.Header) (string, bool) {
-	if v, ok := strings.CutPrefix(h.Get("Authorization"), bearerPrefix); ok {
-		return v, true
-	}
-	if v := h.Get(rayAuthorizationHeader); v != "" {
-		return strings.TrimPrefix(v, bearerPrefix), true
+	for _, name := range []string{"Authorization", rayAuthorizationHeader} {
+		if v := h.Get(name); v != "" {
+			if t, ok := strings.CutPrefix(v, bearerPrefix); ok {
+				return t, true
+			}
+			return malformedToken, true
+		}
 	}
 	if c, err := (&http.Request{Header: h}).Cookie(rayAuthCookie); err == nil && c.Value != "" {
 		return c.Value, true
 	}
 	return "", false
 }
+
+// malformedToken stands for a credential that is not "Bearer <token>": no token equals it.
+const malformedToken = "\x00not a bearer token"
 
 // verdict is what a Ray server makes of the token a caller presented.
 type verdict string

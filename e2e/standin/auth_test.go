@@ -11,16 +11,19 @@ func TestPresentedTokenFollowsRaysOrder(t *testing.T) {
 		want    string
 		found   bool
 	}{
-		"nothing":                        {nil, "", false},
-		"Authorization Bearer":           {map[string]string{"Authorization": "Bearer a"}, "a", true},
-		"X-Ray-Authorization Bearer":     {map[string]string{"X-Ray-Authorization": "Bearer b"}, "b", true},
-		"X-Ray-Authorization bare":       {map[string]string{"X-Ray-Authorization": "b"}, "b", true},
-		"cookie":                         {map[string]string{"Cookie": "other=x; ray-authentication-token=c"}, "c", true},
-		"Authorization wins over X-Ray":  {map[string]string{"Authorization": "Bearer a", "X-Ray-Authorization": "Bearer b"}, "a", true},
-		"X-Ray wins over the cookie":     {map[string]string{"X-Ray-Authorization": "Bearer b", "Cookie": "ray-authentication-token=c"}, "b", true},
-		"Authorization wins over cookie": {map[string]string{"Authorization": "Bearer a", "Cookie": "ray-authentication-token=c"}, "a", true},
-		"Basic auth is not a Ray token":  {map[string]string{"Authorization": "Basic eDp5", "Cookie": "ray-authentication-token=c"}, "c", true},
-		"empty cookie":                   {map[string]string{"Cookie": "ray-authentication-token="}, "", false},
+		"nothing":                         {nil, "", false},
+		"Authorization Bearer":            {map[string]string{"Authorization": "Bearer a"}, "a", true},
+		"X-Ray-Authorization Bearer":      {map[string]string{"X-Ray-Authorization": "Bearer b"}, "b", true},
+		"X-Ray-Authorization bare":        {map[string]string{"X-Ray-Authorization": "b"}, malformedToken, true},
+		"Authorization bare":              {map[string]string{"Authorization": "a"}, malformedToken, true},
+		"Authorization lower-case":        {map[string]string{"Authorization": "bearer a"}, malformedToken, true},
+		"wrong Authorization hides X-Ray": {map[string]string{"Authorization": "Bearer w", "X-Ray-Authorization": "Bearer b"}, "w", true},
+		"cookie":                          {map[string]string{"Cookie": "other=x; ray-authentication-token=c"}, "c", true},
+		"Authorization wins over X-Ray":   {map[string]string{"Authorization": "Bearer a", "X-Ray-Authorization": "Bearer b"}, "a", true},
+		"X-Ray wins over the cookie":      {map[string]string{"X-Ray-Authorization": "Bearer b", "Cookie": "ray-authentication-token=c"}, "b", true},
+		"Authorization wins over cookie":  {map[string]string{"Authorization": "Bearer a", "Cookie": "ray-authentication-token=c"}, "a", true},
+		"Basic auth is not a Ray token":   {map[string]string{"Authorization": "Basic eDp5", "Cookie": "ray-authentication-token=c"}, malformedToken, true},
+		"empty cookie":                    {map[string]string{"Cookie": "ray-authentication-token="}, "", false},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

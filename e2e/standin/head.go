@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -82,11 +84,52 @@ func newDashboard(h *head, fp *Fingerprinter, st *stats, now func() time.Time) h
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"authentication_mode": mode})
 	})
-	for _, p := range []string{"GET /api/gcs_healthz", "GET /api/healthz"} {
-		mux.HandleFunc(p, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "success") })
+	mux.HandleFunc("GET /api/gcs_healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "success") })
+	// Open without a token, served by the node's agent, not the head's dashboard: 404 here, as in Ray 2.60.
+	for _, p := range []string{"/api/healthz", "/api/local_raylet_healthz", "/-/healthz"} {
+		mux.HandleFunc(p, http.NotFound)
 	}
-	mux.Handle("/", d.authenticated(api))
+	mux.HandleFunc("POST /api/authenticate", d.authenticate)
+	mux.Handle("/", d.authenticated(notFromABrowser(api)))
 	return mux
+}
+
+// authenticate is Ray's login for browsers: it checks the Authorization header only and, for the
+// right token, sets the cookie to the token the client presented.
+func (d *dashboard) authenticate(w http.ResponseWriter, r *http.Request) {
+	h := http.Header{}
+	if v := r.Header.Get("Authorization"); v != "" {
+		h.Set("Authorization", v)
+	}
+	var mac *tokenMAC
+	token, ok := presentedToken(h)
+	if ok {
+		m := d.fp.mac(token)
+		mac = &m
+	}
+	switch v := d.head.auth.check(mac); v {
+	case unauthenticated:
+		http.Error(w, "Unauthorized: Missing authentication token", v.httpStatus())
+	case forbidden:
+		http.Error(w, "Forbidden: Invalid authentication token", v.httpStatus())
+	default:
+		http.SetCookie(w, &http.Cookie{Name: rayAuthCookie, Value: token, HttpOnly: true, MaxAge: 2592000, Path: "/", SameSite: http.SameSiteStrictMode})
+		writeJSON(w, http.StatusOK, map[string]string{"status": "authenticated", "message": "Token is valid"})
+	}
+}
+
+// notFromABrowser refuses what Ray takes for browser traffic (a Mozilla user agent, or the headers
+// browsers send) on any method but GET, as Ray's dashboard does against cross-site requests.
+func notFromABrowser(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		browser := strings.HasPrefix(r.Header.Get("User-Agent"), "Mozilla") || r.Header.Get("Origin") != "" || r.Header.Get("Referer") != "" ||
+			r.Header.Get("Sec-Fetch-Mode") != "" || r.Header.Get("Sec-Fetch-Site") != ""
+		if browser && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			http.Error(w, fmt.Sprintf("'%s' method not allowed for browser traffic.", r.Method), http.StatusMethodNotAllowed)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // authenticated applies Ray's HTTP token check and counts the verdict for the caller.

@@ -105,6 +105,9 @@ func (p *podRuntime) execute(c *containerRuntime, env map[string]string, auth ra
 	}
 	switch kind {
 	case kindHead:
+		if hasToken && env[envAuthMode] == "" {
+			auth.enabled = true // Ray 2.59+: `ray start --head` turns token auth on when a token exists
+		}
 		return p.runHead(c, auth)
 	case kindRaylet, kindAutoscaler:
 		return p.runRaylet(c, presented)
