@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,11 +12,14 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -469,8 +473,12 @@ func TestEmulationMatchesRealRay(t *testing.T) {
 			row{"X-Ray-Authorization: Bearer", "GET", path, bearer("X-Ray-Authorization", "Bearer ")},
 			row{"X-Ray-Authorization: Bearer, wrong", "GET", path, wrongFor(bearer("X-Ray-Authorization", "Bearer "))},
 			row{"X-Ray-Authorization without Bearer", "GET", path, bearer("X-Ray-Authorization", "")},
-			row{"cookie", "GET", path, func(tok string) map[string]string { return map[string]string{"Cookie": "ray-authentication-token=" + tok} }},
-			row{"cookie, wrong", "GET", path, func(string) map[string]string { return map[string]string{"Cookie": "ray-authentication-token=" + wrong} }},
+			row{"cookie", "GET", path, func(tok string) map[string]string {
+				return map[string]string{"Cookie": "ray-authentication-token=" + tok}
+			}},
+			row{"cookie, wrong", "GET", path, func(string) map[string]string {
+				return map[string]string{"Cookie": "ray-authentication-token=" + wrong}
+			}},
 			row{"wrong Authorization, right X-Ray-Authorization", "GET", path, func(tok string) map[string]string {
 				return map[string]string{"Authorization": "Bearer " + wrong, "X-Ray-Authorization": "Bearer " + tok}
 			}},
@@ -578,3 +586,175 @@ var httpStatusIn = regexp.MustCompile(`\b(40[0-9]|50[0-9])\b`)
 
 // statusIn is the HTTP status an error message names ("" when none).
 func statusIn(msg string) string { return httpStatusIn.FindString(msg) }
+
+// realServeConfig is the RayService's Serve application: e2e/ray/serveapp/hello.py.
+func realServeConfig() string {
+	root, _ := framework.RepoRoot()
+	return `applications:
+  - name: hello
+    route_prefix: /
+    import_path: hello:app
+    runtime_env:
+      env_vars:
+        PYTHONPATH: ` + filepath.Join(root, "e2e", "ray", "serveapp") + `
+    deployments:
+      - name: Hello
+        num_replicas: 1
+`
+}
+
+// realRayService is a RayService on real Ray: a head-only cluster (the replica needs no CPU) that
+// says color, whose old cluster goes 5 s after a switch.
+func realRayService(ns, name, color string) *unstructured.Unstructured {
+	spec := realRayCluster(ns, "unused", func(spec map[string]any) {
+		spec["workerGroupSpecs"] = []any{}
+		c := spec["headGroupSpec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+		c["env"] = []any{map[string]any{"name": "SERVE_COLOR", "value": color}}
+	}).Object["spec"]
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec":     map[string]any{"rayClusterDeletionDelaySeconds": int64(5), "serveConfigV2": realServeConfig(), "rayClusterConfig": spec}}}
+}
+
+// callLog is what a client calling every 250 ms saw: failures and when the answer changed.
+type callLog struct {
+	mu       sync.Mutex
+	ok, fail int
+	refused  []time.Time // calls refused for their token (403)
+	bodies   []string    // distinct answers in order
+}
+
+func (c *callLog) add(code int, body string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case code == http.StatusOK:
+		c.ok++
+		if n := len(c.bodies); n == 0 || c.bodies[n-1] != body {
+			c.bodies = append(c.bodies, body)
+		}
+	case code == http.StatusForbidden:
+		c.refused = append(c.refused, at)
+		c.fail++
+	default:
+		c.fail++
+	}
+}
+
+// TestRealRayServiceServesThroughUpgradeAndRotation: a RayService on real Ray with a real Serve
+// application becomes Ready and serves; a blue-green upgrade and a raysync-driven replacement on
+// rotation follow. A client sending Serve requests throughout sees no failed request (Serve is not
+// token-authenticated); the Jobs API accepts the canonical token on the serving cluster at every
+// moment but the switch: from the rotation until the new cluster serves (measured).
+func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		env.longer(25 * time.Minute)
+		ns := env.RealRayNamespace()
+		t1 := env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(t1))
+		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		created := time.Now()
+		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, realRayService(ns, "hello", "blue"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		blue := env.WaitServiceClusters(ns, "hello", 1, nil)[0].GetName()
+		env.WaitRayServiceReady(ns, "hello", 8*time.Minute, func(active string) bool { return active == blue })
+		ready := time.Since(created)
+		env.AssertStartedWith(ns, t1, blue)
+
+		serveURL := fmt.Sprintf("http://hello-serve-svc.%s.svc.cluster.local:8000/", ns)
+		jobsURL := headURL(ns, "hello-head-svc") + "/api/jobs/"
+		var canonical atomic.Value
+		canonical.Store(t1)
+		serve, jobs := &callLog{}, &callLog{}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		loop := func(log *callLog, url string, token func() string) {
+			defer wg.Done()
+			client := env.StandIn().Client()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(250 * time.Millisecond):
+				}
+				req, _ := http.NewRequestWithContext(env.ctx, http.MethodGet, url, nil)
+				if tok := token(); tok != "" {
+					req.Header.Set("Authorization", "Bearer "+tok)
+				}
+				at := time.Now()
+				resp, err := client.Do(req)
+				if err != nil {
+					log.add(0, "", at)
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				log.add(resp.StatusCode, strings.TrimSpace(string(b)), at)
+			}
+		}
+		wg.Add(2)
+		go loop(serve, serveURL, func() string { return "" })
+		go loop(jobs, jobsURL, func() string { return canonical.Load().(string) })
+
+		// Blue-green upgrade: KubeRay's own, started by a change of the cluster spec.
+		upgradeAt := time.Now()
+		env.PatchRayService(ns, "hello", `{"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"spec":{"containers":[{"name":"ray-head","image":"`+
+			realRayImage+`","resources":{"limits":{"cpu":"1","memory":"2Gi"}},"env":[{"name":"SERVE_COLOR","value":"green"}]}]}}}}}}`)
+		green := env.WaitServiceClusters(ns, "hello", 1, func(rc *unstructured.Unstructured) bool { return rc.GetName() != blue })[0].GetName()
+		env.WaitRayServiceReady(ns, "hello", 8*time.Minute, func(active string) bool { return active == green })
+		env.waitClusterGone(ns, blue, 3*time.Minute)
+		blueGreen := time.Since(upgradeAt)
+		env.AssertStartedWith(ns, t1, green)
+
+		// Rotation: raysync has KubeRay replace the cluster; it serves on the new token.
+		t2 := env.NewToken()
+		rotatedAt := time.Now()
+		env.PutSource(ns, "ray-token", tokenData(t2))
+		canonical.Store(t2)
+		third := env.WaitServiceClusters(ns, "hello", 1, func(rc *unstructured.Unstructured) bool { return rc.GetName() != blue && rc.GetName() != green })[0].GetName()
+		env.WaitRayServiceReady(ns, "hello", 8*time.Minute, func(active string) bool { return active == third })
+		switchedAt := time.Now()
+		env.WaitEvent(ns, "hello", "RotationCompleted", 3*time.Minute)
+		replaced := time.Since(rotatedAt)
+		time.Sleep(3 * time.Second) // the clients' last calls against the new cluster
+		close(stop)
+		wg.Wait()
+		env.AssertStartedWith(ns, t2, third)
+		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayService", "state": "current"}, 1, 30*time.Second)
+
+		if serve.fail != 0 || serve.ok == 0 {
+			t.Errorf("Serve requests throughout: %d failed, %d answered", serve.fail, serve.ok)
+		}
+		if len(serve.bodies) < 2 || serve.bodies[0] != "hello from blue" || serve.bodies[len(serve.bodies)-1] != "hello from green" {
+			t.Errorf("Serve answers in order: %q", serve.bodies)
+		}
+		var window time.Duration
+		for _, at := range jobs.refused {
+			if at.Before(rotatedAt) || at.After(switchedAt.Add(2*time.Second)) {
+				t.Errorf("the Jobs API refused the canonical token at %s, outside the switch (rotation %s, switch %s)",
+					at.Format(time.RFC3339Nano), rotatedAt.Format(time.RFC3339Nano), switchedAt.Format(time.RFC3339Nano))
+			}
+		}
+		if n := len(jobs.refused); n > 0 {
+			window = jobs.refused[n-1].Sub(jobs.refused[0]) + 250*time.Millisecond
+		}
+		if jobs.fail != len(jobs.refused) {
+			t.Errorf("Jobs API: %d calls failed other than for their token", jobs.fail-len(jobs.refused))
+		}
+		t.Logf("MEASURE real-ray-service kuberay=%s ready_s=%.1f blue_green_s=%.1f rotation_replace_s=%.1f serve_ok=%d serve_failed=%d jobs_ok=%d jobs_refused=%d refused_window_s=%.1f",
+			env.KubeRayVersion, ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.ok, serve.fail, jobs.ok, len(jobs.refused), window.Seconds())
+	})
+}
+
+// waitClusterGone waits until a RayCluster no longer exists.
+func (e *Env) waitClusterGone(ns, name string, timeout time.Duration) {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(e.ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		_, err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		e.t.Fatalf("RayCluster %s/%s still exists after %s", ns, name, timeout)
+	}
+}
