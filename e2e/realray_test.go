@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/e2e/standin"
 	"github.com/raysync/raysync/internal/kuberay"
 )
 
@@ -757,4 +758,73 @@ func (e *Env) waitClusterGone(ns, name string, timeout time.Duration) {
 	if err != nil {
 		e.t.Fatalf("RayCluster %s/%s still exists after %s", ns, name, timeout)
 	}
+}
+
+// A restart a newer rotation overtakes (issue 17: with real Ray a head takes seconds from start to
+// Ready, the window the emulation hides): the restart for rotation 2 ends once the cluster runs on new
+// pods with its head Ready, with a RotationRetried Warning, frees its slot, and the cluster is
+// restarted again onto rotation 3. No container ever runs on a token its head does not hold.
+func TestRealRayRestartOvertakenByANewerRotation(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		env.longer(15 * time.Minute)
+		ns := env.RealRayNamespace()
+		t1 := env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(t1))
+		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns, "--max-concurrent-rotations=1", "--rotation-timeout=10m")
+		headOnly := func(spec map[string]any) { spec["workerGroupSpecs"] = []any{} }
+		env.CreateRayCluster(realRayCluster(ns, "restarted", headOnly, withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})))
+		first := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=restarted", 1, 5*time.Minute)[0]
+		env.AssertStartedWith(ns, t1, "restarted")
+		env.waitForNextSecond([]corev1.Pod{first})
+
+		t2 := env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(t2))
+		// The restart's new head has started (on t2) and is not Ready yet: the next rotation lands.
+		var second corev1.Pod
+		err := wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			l, err := env.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=restarted"})
+			if err != nil || len(l.Items) != 1 || l.Items[0].UID == first.UID {
+				return false, nil
+			}
+			second = l.Items[0]
+			return containerRunning(&second, "ray-head") && !podReady(&second), nil
+		})
+		if err != nil {
+			t.Fatal("the restart's new head never started")
+		}
+		t3 := env.NewToken()
+		env.PutSource(ns, "ray-token", tokenData(t3))
+
+		env.WaitEventMessage(ns, "restarted", "RotationRetried", 5*time.Minute, "rotated again meanwhile")
+		env.WaitEvent(ns, "restarted", "RotationCompleted", 5*time.Minute)
+		env.WaitSecret(ns, "restarted", 10*time.Second, holds(t3))
+		third := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=restarted", 1, 2*time.Minute)[0]
+		if third.UID == second.UID {
+			t.Error("the cluster was not restarted again after the overtaken restart")
+		}
+		starts := env.tokenStarts(ns, t2, func(st standin.ContainerStart) bool { return st.PodUID == string(second.UID) })
+		if c := starts["restarted"]; c[0] == 0 || c[1] != c[0] {
+			t.Errorf("the overtaken restart's pod: %d of %d container starts on rotation 2's token", c[1], c[0])
+		}
+		starts = env.tokenStarts(ns, t3, func(st standin.ContainerStart) bool { return st.PodUID == string(third.UID) })
+		if c := starts["restarted"]; c[0] == 0 || c[1] != c[0] {
+			t.Errorf("the pod after the second restart: %d of %d container starts on rotation 3's token", c[1], c[0])
+		}
+		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "current"}, 1, time.Minute)
+		if v, _ := s.Metric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "blocked"}); v != 0 {
+			t.Errorf("%v clusters blocked", v)
+		}
+		if v, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "restart"}); v != 2 {
+			t.Errorf("raysync_rotations_performed_total{action=restart} = %v, want 2 (the overtaken restart and the one after)", v)
+		}
+	})
+}
+
+func containerRunning(p *corev1.Pod, name string) bool {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == name && cs.State.Running != nil {
+			return true
+		}
+	}
+	return false
 }
