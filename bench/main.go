@@ -55,6 +55,7 @@ type result struct {
 	Idle      *idleResult       `json:"idle,omitempty"`
 	Memory    []memoryResult    `json:"memory"`
 	ESO       *esoResult        `json:"external_secrets_operator,omitempty"`
+	RealRay   *realRayResult    `json:"real_ray,omitempty"`
 }
 
 // esoResult is raysync and External Secrets Operator on the same N targets, run alternately.
@@ -118,7 +119,7 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
-	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission", "which scenarios to run")
+	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission,realray", "which scenarios to run (realray: Ray 2.60 itself; not in -smoke unless named)")
 	runningPolicies := flag.String("running-policies", "hold,restart", "standalone clusters' rotation policies the running scenario measures, one run each")
 	before := flag.String("before", "77f3cf1", "the raysync commit whose rotation behaviour the fleet scenario compares with (before safe rotation)")
 	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
@@ -157,6 +158,14 @@ func main() {
 	for _, f := range strings.Split(*only, ",") {
 		run[f] = true
 	}
+	if *smoke && !flagSet("scenarios") {
+		delete(run, "realray") // make test runs the real-Ray e2e instead
+	}
+	if run["realray"] {
+		venv, err := framework.EnsureRay(context.Background(), func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) })
+		check(err)
+		standIn.RayVenv = venv
+	}
 	if *idleOverride > 0 {
 		idleFor = *idleOverride
 	}
@@ -167,7 +176,7 @@ func main() {
 	audit, auditFlags := auditArgs(dir)
 	// One control plane for everything; the operator acts only on the race namespace.
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: *kuberayVersion, ExtraAPIServerArgs: auditFlags,
-		OperatorArgs: []string{"--watch-namespace=" + strings.Join([]string{raceNamespace, runningNamespace, runningNamespace + "-restart", fleetNamespace, admissionNamespace}, ",")},
+		OperatorArgs: []string{"--watch-namespace=" + strings.Join([]string{raceNamespace, runningNamespace, runningNamespace + "-restart", fleetNamespace, admissionNamespace, realRayNamespace}, ",")},
 		StandIn:      standIn,
 		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+f+"\n", a...) }})
 	check(err)
@@ -198,6 +207,10 @@ func main() {
 			}
 			res.Running = append(res.Running, (&bench{cp: cp, bin: bin, ns: ns}).runningRotation(runningServices, runningClusters, runningFor, probeEvery, p))
 		}
+	}
+	if run["realray"] {
+		r := (&bench{cp: cp, bin: bin, ns: realRayNamespace}).realRay(4)
+		res.RealRay = &r
 	}
 	if run["fleet"] {
 		res.Fleet = (&bench{cp: cp, bin: bin, ns: fleetNamespace}).fleetRotation(fleetN, fleetBounds, *before, fleetLimit)
@@ -552,7 +565,43 @@ func (p *proc) peakRSSMiB() float64 {
 	return 0
 }
 
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func printRealRay(r *realRayResult) {
+	if r == nil {
+		return
+	}
+	fmt.Printf("\n| real Ray %s: cluster start (head + 1 worker), from creation | runs | head's Ray started p50 / max | worker's Ray started p50 / max | head Ready p50 / max | worker joined (Ready) p50 / max |\n|---|---|---|---|---|---|\n", r.Ray)
+	for _, with := range []bool{false, true} {
+		var cols [4][]float64
+		for _, run := range r.Runs {
+			if run.Raysync == with {
+				for i, v := range []float64{run.HeadStartedS, run.WorkerStartedS, run.HeadReadyS, run.WorkerJoinS} {
+					cols[i] = append(cols[i], v)
+				}
+			}
+		}
+		if len(cols[0]) == 0 {
+			continue
+		}
+		fmt.Printf("| %s | %d |", map[bool]string{true: "with raysync (webhook)", false: "without raysync"}[with], len(cols[0]))
+		for _, c := range cols {
+			sort.Float64s(c)
+			fmt.Printf(" %.1f / %.1f s |", c[len(c)/2], c[len(c)-1])
+		}
+		fmt.Println()
+	}
+	fmt.Printf("\n| real Ray | |\n|---|---|\n| autoscaler scale-up 0 → 2 workers through raysync's client certificate (job submitted → both joined) | %.1f s |\n"+
+		"| RayService blue-green upgrade (spec changed → new cluster serving, old one gone) | %.1f s |\n| one idle head pod (head + autoscaler off), PSS | %.0f MiB in %d processes |\n",
+		r.ScaleUpS, r.BlueGreenS, r.HeadPSSMiB, r.HeadProcs)
+}
+
 func printTable(r result) {
+	defer printRealRay(r.RealRay)
 	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
 	if len(r.Race) > 0 {
 		x := r.Race[0]

@@ -135,6 +135,30 @@ func (e *Env) rayCLI(timeout time.Duration, token string, args ...string) (strin
 	return e.redact(string(out)), code
 }
 
+// rayPython runs a Python program with Ray's virtualenv as a client outside the cluster: HTTP and
+// gRPC (grpc_proxy: CONNECT) go through the stand-in's client proxy.
+func (e *Env) rayPython(timeout time.Duration, token, program string) (string, int) {
+	e.t.Helper()
+	n, err := e.StandIn().Network(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(n.Venv, "bin", "python"), "-c", program)
+	proxy := e.StandIn().ClientProxyURL
+	cmd.Env = []string{"PATH=" + filepath.Join(n.Venv, "bin") + ":/usr/bin:/bin", "HOME=" + e.t.TempDir(), "LANG=C.UTF-8", "RAY_USAGE_STATS_ENABLED=0",
+		"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "grpc_proxy=" + proxy, "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + token}
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if x, ok := err.(*exec.ExitError); ok {
+		code = x.ExitCode()
+	} else if err != nil {
+		e.t.Fatalf("python: %v", err)
+	}
+	return e.redact(string(out)), code
+}
+
 // redact removes every secret value the test registered from s (for output shown on failure).
 func (e *Env) redact(s string) string {
 	for _, v := range e.secrets {
@@ -322,6 +346,11 @@ func TestRealRayAutoscalingPrivateClusterThroughARotation(t *testing.T) {
 		env.AssertStartedWith(ns, t1, "auto")
 		if n := env.rayNodes(dashboard, t1); alive(n) < 2 {
 			t.Errorf("Ray's node list %v: want the head and a worker alive", n)
+		}
+		// Ray Client (gRPC on 10001) from outside, through the stand-in's proxy (HTTP CONNECT).
+		if out, code := env.rayPython(2*time.Minute, t1, "import ray; ray.init('ray://auto-head-svc."+ns+".svc.cluster.local:10001'); "+
+			"print('ray client says', ray.get(ray.remote(num_cpus=0)(lambda: 42).remote()))"); code != 0 || !strings.Contains(out, "ray client says 42") {
+			t.Errorf("Ray Client with the canonical token: exit %d\n%s", code, lastLines(out, 15))
 		}
 		if out, code := env.rayCLI(time.Minute, env.NewToken(), "job", "submit", "--address", dashboard, "--", "python", "-c", "print(1)"); code == 0 ||
 			!strings.Contains(out, "Invalid authentication token") {

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -51,11 +52,18 @@ const (
 	// production: filled by External Secrets Operator and cert-manager); raysync copies them.
 	platformNS = "platform-secrets"
 	apiProxy   = "https://k8s-api-proxy.example.internal:6443"
+	// realAPIServer is where real Ray's autoscaler reaches the API server: the Node's relay to it.
+	realAPIServer = "https://kubernetes.default.svc:443"
 )
+
+// realRay: the demo's pods run Ray 2.60 itself (the default), or emulated Ray (-emulated).
+var realRay = true
 
 func main() {
 	down := flag.Bool("down", false, "stop raysync and the dev cluster started by the demo")
+	emulated := flag.Bool("emulated", framework.RealRayDisabled(), "run the pods with emulated Ray instead of Ray "+framework.RayVersion)
 	flag.Parse()
+	realRay = !*emulated
 	root, err := framework.RepoRoot()
 	check(err)
 	dir := filepath.Join(root, ".dev")
@@ -76,7 +84,11 @@ func main() {
 	kube := cp.Kube
 
 	step("2. The canonical token: one Secret (in production, filled by External Secrets Operator)")
-	_, _ = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	var annotations map[string]string
+	if realRay {
+		annotations = map[string]string{framework.StandInRay: "real"}
+	}
+	_, _ = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Annotations: annotations}}, metav1.CreateOptions{})
 	token := newToken()
 	putSource(ctx, cp, token)
 	fmt.Printf("   Secret %s/%s, key auth_token (value never printed)\n", ns, sourceName)
@@ -86,7 +98,7 @@ func main() {
 	step("3. Start raysync")
 	metricsURL := startSyncer(ctx, root, dir, cp)
 	fmt.Printf("   raysync --auth-source=%s/%s --namespaces=%s --pull-secret=%s/regcred \\\n     --autoscaler-tls-secret=%s/autoscaler-tls --autoscaler-api-server=%s \\\n     --webhook-addr=127.0.0.1:PORT --webhook-ips=127.0.0.1 --webhook-configuration=%s\n   logs: .dev/syncer.log, metrics: %s\n",
-		ns, sourceName, ns, platformNS, platformNS, apiProxy, webhookName, metricsURL)
+		ns, sourceName, ns, platformNS, platformNS, apiServer(), webhookName, metricsURL)
 	fmt.Printf("   its admission webhook (MutatingWebhookConfiguration %s, failurePolicy Ignore) gives Ray pods their pull secret and\n   autoscaler TLS, and a new cluster's auth Secret the canonical token, as they are created\n", webhookName)
 
 	step("4. Apply a token-auth RayService (private image, autoscaling); KubeRay creates its RayCluster")
@@ -152,10 +164,10 @@ Keep exploring (raysync, the cluster and emulated Ray keep running):
   kubectl -n %s get events --field-selector source=raysync
   curl -s %s | grep ^raysync_
   curl -s %s/v1/clusters        # what each Ray cluster saw: requests per caller, 401/403, join failures
-  curl -s -x %s http://%s-serve-svc.%s.svc.cluster.local:8000/fruit
+  curl -s -x %s http://%s-serve-svc.%s.svc.cluster.local:8000%s
   tail -f .dev/syncer.log .dev/standin.log
 Stop everything: make demo-down
-`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, cp.Ray.APIURL, cp.Ray.ClientProxyURL, svcName, ns)
+`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, cp.Ray.APIURL, cp.Ray.ClientProxyURL, svcName, ns, servePath())
 }
 
 // deletionDelay is the RayService's rayClusterDeletionDelaySeconds: how long the old cluster keeps
@@ -164,7 +176,25 @@ const deletionDelay = 10
 
 var rayServiceGVR = kuberay.RayClusterGVR.GroupVersion().WithResource("rayservices")
 
+func apiServer() string {
+	if realRay {
+		return realAPIServer
+	}
+	return apiProxy
+}
+
+// realServeConfig is e2e/ray/serveapp/hello.py, a replica that needs no CPU.
+func realServeConfig() string {
+	root, err := framework.RepoRoot()
+	check(err)
+	return "applications:\n  - name: hello\n    route_prefix: /\n    import_path: hello:app\n    runtime_env:\n      env_vars:\n        PYTHONPATH: " +
+		filepath.Join(root, "e2e", "ray", "serveapp") + "\n    deployments:\n      - name: Hello\n        num_replicas: 1\n"
+}
+
 func rayService() *unstructured.Unstructured {
+	if realRay {
+		return realRayService()
+	}
 	container := func(name string) []any {
 		return []any{map[string]any{"name": name, "image": "registry.example.internal/ml/ray:2.52.0"}}
 	}
@@ -194,11 +224,21 @@ func devCluster(ctx context.Context, dir string) *framework.ControlPlane {
 		c, err := framework.Connect(filepath.Join(dir, "kubeconfig"))
 		check(err)
 		c.Ray = cp.Ray
+		if _, err := c.Ray.Network(ctx); realRay && err != nil {
+			check(fmt.Errorf("the running dev cluster has no real Ray (%v): run `make dev-cluster-down` first, or `go run ./e2e/cmd/demo -emulated`", err))
+		}
 		return c
 	}
 	check(os.RemoveAll(dir))
+	logf := func(f string, a ...any) { fmt.Printf("   "+f+"\n", a...) }
+	var venv string
+	if realRay {
+		var err error
+		venv, err = framework.EnsureRay(ctx, logf)
+		check(err)
+	}
 	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", Dir: dir, Detached: true,
-		Logf: func(f string, a ...any) { fmt.Printf("   "+f+"\n", a...) }})
+		StandIn: framework.StandInOptions{RayVenv: venv}, Logf: logf})
 	check(err)
 	b, err := os.ReadFile(cp.Kubeconfig)
 	check(err)
@@ -249,7 +289,7 @@ func startSyncer(ctx context.Context, root, dir string, cp *framework.ControlPla
 	check(err)
 	cmd := exec.Command(bin, "--kubeconfig="+filepath.Join(dir, "kubeconfig"), "--auth-source="+ns+"/"+sourceName,
 		"--namespaces="+ns, "--leader-election-namespace="+ns,
-		"--pull-secret="+platformNS+"/regcred", "--autoscaler-tls-secret="+platformNS+"/autoscaler-tls", "--autoscaler-api-server="+apiProxy,
+		"--pull-secret="+platformNS+"/regcred", "--autoscaler-tls-secret="+platformNS+"/autoscaler-tls", "--autoscaler-api-server="+apiServer(),
 		fmt.Sprintf("--webhook-addr=127.0.0.1:%d", hook), "--webhook-ips=127.0.0.1", "--webhook-configuration="+webhookName,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", port), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe))
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -435,11 +475,20 @@ func metricsExcerpt(url string) {
 func putPlatformSecrets(ctx context.Context, cp *framework.ControlPlane) {
 	_, _ = cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: platformNS}}, metav1.CreateOptions{})
 	crt, key := selfSignedClientCert()
+	ca := crt
+	if realRay {
+		// Real Ray's autoscaler talks to the real API server: a certificate its client CA signed, and
+		// what KubeRay's own autoscaler Role grants.
+		var err error
+		crt, key, ca, err = cp.IssueClientCert(autoscalerUser, nil)
+		check(err)
+		grantAutoscaler(ctx, cp)
+	}
 	for _, s := range []*corev1.Secret{
 		{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: platformNS}, Type: corev1.SecretTypeDockerConfigJson,
 			Data: map[string][]byte{".dockerconfigjson": []byte(`{"auths":{"registry.example.internal":{"auth":"` + base64.StdEncoding.EncodeToString([]byte("ray:"+newToken())) + `"}}}`)}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "autoscaler-tls", Namespace: platformNS}, Type: corev1.SecretTypeTLS,
-			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": crt}},
+			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": ca}},
 	} {
 		if _, err := cp.Kube.CoreV1().Secrets(platformNS).Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			check(err)
@@ -528,5 +577,58 @@ func check(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
+	}
+}
+
+const autoscalerUser = "ray-demo-autoscaler"
+
+func servePath() string {
+	if realRay {
+		return "/"
+	}
+	return "/fruit"
+}
+
+// realRayService is the demo's RayService on real Ray: a private image, autoscaling with no
+// service-account token (the autoscaler has only raysync's client certificate), a head that runs no
+// tasks and serves hello.py, 1-CPU workers from 0 to 2.
+func realRayService() *unstructured.Unstructured {
+	image := framework.PrivateRegistry + "/ml/ray:" + framework.RayVersion
+	container := func(name, mem string) []any {
+		return []any{map[string]any{"name": name, "image": image, "resources": map[string]any{"limits": map[string]any{"cpu": "1", "memory": mem}}}}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": svcName, "namespace": ns},
+		"spec": map[string]any{
+			"rayClusterDeletionDelaySeconds": int64(deletionDelay),
+			"serveConfigV2":                  realServeConfig(),
+			"rayClusterConfig": map[string]any{
+				"rayVersion":              framework.RayVersion,
+				"authOptions":             map[string]any{"mode": "token"},
+				"enableInTreeAutoscaling": true,
+				"headGroupSpec": map[string]any{"rayStartParams": map[string]any{"num-cpus": "0", "object-store-memory": "100000000"},
+					"template": map[string]any{"spec": map[string]any{"automountServiceAccountToken": false, "containers": container("ray-head", "2Gi")}}},
+				"workerGroupSpecs": []any{map[string]any{"groupName": "cpu", "replicas": int64(0), "minReplicas": int64(0), "maxReplicas": int64(2),
+					"rayStartParams": map[string]any{"num-cpus": "1", "object-store-memory": "100000000"},
+					"template":       map[string]any{"spec": map[string]any{"containers": container("ray-worker", "1Gi")}}}},
+			},
+		},
+	}}
+}
+
+// grantAutoscaler gives the autoscaler's certificate user what KubeRay's autoscaler Role grants.
+func grantAutoscaler(ctx context.Context, cp *framework.ControlPlane) {
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "ray-autoscaler", Namespace: ns}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
+		{APIGroups: []string{"ray.io"}, Resources: []string{"rayclusters"}, Verbs: []string{"get", "patch"}}}}
+	if _, err := cp.Kube.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		check(err)
+	}
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "ray-autoscaler", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: autoscalerUser}}}
+	if _, err := cp.Kube.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		check(err)
 	}
 }

@@ -21,7 +21,7 @@ import (
 
 // waitReady waits until the RayService is Ready with cluster active (traffic on it).
 func waitReady(ctx context.Context, cp *framework.ControlPlane, cluster string) {
-	check(wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	check(wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 8*time.Minute, true, func(ctx context.Context) (bool, error) {
 		s, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -47,7 +47,7 @@ func waitGone(ctx context.Context, cp *framework.ControlPlane, cluster string) {
 
 // serving sends a request to the Serve application through the RayService's serve Service.
 func serving(ctx context.Context, cp *framework.ControlPlane) {
-	url := fmt.Sprintf("http://%s-serve-svc.%s.svc.cluster.local:8000/fruit", svcName, ns)
+	url := fmt.Sprintf("http://%s-serve-svc.%s.svc.cluster.local:8000%s", svcName, ns, servePath())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := cp.Ray.Client().Do(req)
 	check(err)
@@ -61,7 +61,7 @@ func serving(ctx context.Context, cp *framework.ControlPlane) {
 func showProcessTokens(ctx context.Context, cp *framework.ControlPlane, cluster, token string) {
 	pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster})
 	check(err)
-	fmt.Println("   Ray processes (emulated) and the token each started with:")
+	fmt.Printf("   Ray processes (%s) and the token each started with:\n", map[bool]string{true: "real Ray " + framework.RayVersion, false: "emulated"}[realRay])
 	for _, p := range pods.Items {
 		if p.DeletionTimestamp != nil {
 			continue
