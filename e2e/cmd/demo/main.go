@@ -117,7 +117,13 @@ func main() {
 	showProcessTokens(ctx, cp, blue, token)
 
 	step("5. Ray jobs through the head Service, as Airflow or CI would submit them")
+	if realRay {
+		fmt.Println("   the first job needs a worker CPU: Ray's autoscaler asks the API server for a worker with raysync's client certificate")
+	}
 	submitJob(ctx, cp, "canonical token", token)
+	if realRay {
+		showWorkers(ctx, cp, blue)
+	}
 	submitJob(ctx, cp, "wrong token", "not-the-"+token)
 
 	step("6. Blue-green upgrade: change the RayService, KubeRay starts a NEW cluster with a new name")
@@ -157,7 +163,7 @@ func main() {
 	metricsExcerpt(metricsURL)
 
 	fmt.Printf(`
-Keep exploring (raysync, the cluster and emulated Ray keep running):
+Keep exploring (raysync, the cluster and %s keep running):
   export KUBECONFIG=%s
   kubectl -n %s get rayservices,rayclusters,pods -o wide
   kubectl -n %s get secrets -o custom-columns=NAME:.metadata.name,SYNCED:.metadata.annotations.raysync\.dev/synced-at
@@ -167,7 +173,7 @@ Keep exploring (raysync, the cluster and emulated Ray keep running):
   curl -s -x %s http://%s-serve-svc.%s.svc.cluster.local:8000%s
   tail -f .dev/syncer.log .dev/standin.log
 Stop everything: make demo-down
-`, filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, cp.Ray.APIURL, cp.Ray.ClientProxyURL, svcName, ns, servePath())
+`, map[bool]string{true: "real Ray", false: "emulated Ray"}[realRay], filepath.Join(dir, "kubeconfig"), ns, ns, ns, metricsURL, cp.Ray.APIURL, cp.Ray.ClientProxyURL, svcName, ns, servePath())
 }
 
 // deletionDelay is the RayService's rayClusterDeletionDelaySeconds: how long the old cluster keeps
@@ -537,7 +543,11 @@ func showPods(ctx context.Context, cp *framework.ControlPlane, cluster, metricsU
 			}
 			pods = append(pods, p)
 		}
-		return hasHead && len(pods) >= 3, nil
+		want := 3 // the head and two workers
+		if realRay {
+			want = 1 // the head: the autoscaler adds workers when a job needs them
+		}
+		return hasHead && len(pods) >= want, nil
 	}))
 	if n := recycled(metricsURL); n == 0 {
 		fmt.Println("   every pod was born with raysync's entries (the admission webhook added them at creation; 0 recycled):")

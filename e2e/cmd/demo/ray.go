@@ -98,7 +98,11 @@ func submitJob(ctx context.Context, cp *framework.ControlPlane, what, token stri
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, b
 	}
-	code, body := call(http.MethodPost, base, []byte(`{"entrypoint":"python -c \"print(42)\""}`))
+	entrypoint := `python -c \"print(42)\"`
+	if realRay && what == "canonical token" {
+		entrypoint = `python -c \"import ray; ray.init(); print(ray.get(ray.remote(num_cpus=1)(lambda: 42).remote()))\"`
+	}
+	code, body := call(http.MethodPost, base, []byte(`{"entrypoint":"`+entrypoint+`"}`))
 	if code != http.StatusOK {
 		fmt.Printf("   job with the %s: refused, HTTP %d %s\n", what, code, http.StatusText(code))
 		return
@@ -108,7 +112,7 @@ func submitJob(ctx context.Context, cp *framework.ControlPlane, what, token stri
 	}
 	check(json.Unmarshal(body, &sub))
 	var status string
-	check(wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	check(wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 4*time.Minute, true, func(context.Context) (bool, error) {
 		code, body := call(http.MethodGet, base+sub.JobID, nil)
 		var info struct{ Status string }
 		if code != http.StatusOK || json.Unmarshal(body, &info) != nil {
@@ -118,4 +122,13 @@ func submitJob(ctx context.Context, cp *framework.ControlPlane, what, token stri
 		return status == "SUCCEEDED" || status == "FAILED" || status == "STOPPED", nil
 	}))
 	fmt.Printf("   job with the %s: accepted, %s %s\n", what, sub.JobID, status)
+}
+
+// showWorkers prints the worker pods Ray's autoscaler added.
+func showWorkers(ctx context.Context, cp *framework.ControlPlane, cluster string) {
+	l, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + cluster + "," + kuberay.NodeTypeLabel + "=worker"})
+	check(err)
+	for _, p := range l.Items {
+		fmt.Printf("   worker %s added by Ray's autoscaler (phase %s)\n", p.Name, p.Status.Phase)
+	}
 }
