@@ -58,6 +58,27 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 			t.Fatalf("helm lint (%s): %v\n%s", set, err, out)
 		}
 	}
+	// Every flag users need is reachable from a value (and the rest through extraArgs).
+	for set, want := range map[string][]string{
+		"rotation.timeout=0":                      {"--rotation-timeout=0"},
+		"precreateAuthSecrets=false":              {"--precreate-auth-secrets=false"},
+		"webhook.certValidity=720h":               {"--webhook-cert-validity=720h"},
+		"webhook.ips={127.0.0.1}":                 {"--webhook-ips=127.0.0.1"},
+		"extraArgs={--workers=4}":                 {"--workers=4"},
+		"name=tenant-a":                           {"--name=tenant-a"},
+		"leaderElection.enabled=false,replicas=1": {"--leader-elect=false"},
+	} {
+		out, err := helm(t, append([]string{"template", "rs", chart, "--show-only", "templates/deployment.yaml", "--set", set}, base...)...)
+		if err != nil {
+			t.Errorf("%s: %v\n%s", set, err, out)
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(out, "- "+w+"\n") {
+				t.Errorf("%s: the container args lack %s", set, w)
+			}
+		}
+	}
 	// Listed namespaces get namespaced Roles unless cluster scope is asked for; allNamespaces a ClusterRole.
 	for _, c := range []struct{ scope, set string }{
 		{"namespaces", "namespaces={ml,batch}"}, {"namespaces", "namespaces={ml,batch},rbac.scope=namespaces"},
@@ -100,6 +121,15 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 		"webhook timeout 1.5":   "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.timeoutSeconds=1.5",
 		"webhook enabled yes":   "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.enabled=yes",
 		"webhook unknown value": "authSource.namespace=a,authSource.name=b,allNamespaces=true,webhook.certManager.issuer=x",
+		// What raysync would refuse at start (a CrashLoop), refused at helm template instead.
+		"two writers":                    "authSource.namespace=a,authSource.name=b,allNamespaces=true,leaderElection.enabled=false,replicas=2",
+		"lease ordering":                 "authSource.namespace=a,authSource.name=b,allNamespaces=true,leaderElection.renewDeadline=20s",
+		"retry period 0":                 "authSource.namespace=a,authSource.name=b,allNamespaces=true,leaderElection.retryPeriod=0s",
+		"copies of one name":             "authSource.namespace=a,authSource.name=b,allNamespaces=true,pullSecrets={a/regcred,b/regcred}",
+		"a pull secret named like TLS":   "authSource.namespace=a,authSource.name=b,allNamespaces=true,pullSecrets={a/x},autoscalerTLS.secret=b/x",
+		"a selector that does not parse": "authSource.namespace=a,authSource.name=b,allNamespaces=true,clusterSelector=a in (b",
+		"a name no object can have":      "authSource.namespace=a,authSource.name=b,allNamespaces=true,name=Not_A_Name",
+		"extraArgs not a flag":           "authSource.namespace=a,authSource.name=b,allNamespaces=true,extraArgs={workers}",
 	} {
 		if out, err := helm(t, "template", "rs", chart, "--set", set); err == nil {
 			t.Errorf("%s: helm template accepted it:\n%.300s", name, out)
@@ -473,7 +503,7 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 				t.Cleanup(func() { env.kubectlDeleteClusterScoped(out) })
 				kubeconfig, sa := env.serviceAccountKubeconfig(rel, release+"-raysync")
 				// POD_NAMESPACE comes from the downward API in the cluster.
-				syncer := env.StartSyncerAs(kubeconfig, append(args, "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")...)
+				syncer := env.StartSyncerAs(kubeconfig, append(args, "--name="+release+"-raysync", "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")...)
 
 				env.CreateRayCluster(rayCluster(ns, "rbac", withPrivateImage)) // never-started pods: raysync recycles them
 				env.WaitSecret(ns, "rbac", 30*time.Second, holds(token))
@@ -521,7 +551,10 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 					{"create", "namespaces", "", "", false},
 					{"delete", "namespaces", "", ns, false},
 					{"create", "leases", ns, "", false},
-					{"update", "leases", rel, "raysync", true},
+					{"update", "leases", rel, release + "-raysync", true},
+					{"update", "leases", rel, "raysync", false}, // another release's
+					{"update", "secrets", rel, release + "-raysync-rotations", true},
+					{"update", "secrets", rel, "raysync-rotations", scope == "cluster"},
 					{"update", "leases", rel, "someone-else", false},
 					{"delete", "pods", "kube-system", "", scope == "cluster"},
 					// The webhook: its certificate Secret and its own configuration, by name.
@@ -704,5 +737,5 @@ func (e *Env) StartSyncerUnderChart(args ...string) *Syncer {
 	e.kubectlApply(out)
 	kubeconfig, _ := e.serviceAccountKubeconfig(rel, release+"-raysync")
 	e.lastKubeconfig, e.lastRelease = kubeconfig, rel
-	return e.StartSyncerAs(kubeconfig, append(rest, "--leader-election-namespace="+rel)...)
+	return e.StartSyncerAs(kubeconfig, append(rest, "--name="+release+"-raysync", "--leader-election-namespace="+rel)...)
 }

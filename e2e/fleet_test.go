@@ -147,7 +147,7 @@ func runFleet(t *testing.T, env *Env, variant string) {
 		}
 	}
 	restartsBefore, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "restart"})
-	if out, code := env.rotate(ns + "/held-01"); code != 0 {
+	if out, code := env.rotate("--auth-source="+ns+"/ray-token", "--namespaces="+ns, ns+"/held-01"); code != 0 {
 		t.Fatalf("syncer rotate: exit %d\n%s", code, out)
 	}
 	env.WaitEvent(ns, "held-01", "RotationCompleted", 2*time.Minute)

@@ -63,8 +63,21 @@ func TestKustomizeBaseMatchesChart(t *testing.T) {
 func TestKustomizeOverlayApplies(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
 		rendered := kustomize(t, "deploy/kustomize/overlays/example")
-		if !strings.Contains(rendered, "--pull-secret=platform-secrets/regcred") || !strings.Contains(rendered, "--namespaces=ml-team,ml-batch") {
-			t.Fatalf("overlay not applied:\n%.500s", rendered)
+		// The overlay patches arguments by position: every one it means to change is changed, and
+		// none of the base's arguments it means to keep is lost.
+		for _, arg := range []string{"--auth-source=platform-secrets/ray-auth", "--auth-source-key=token",
+			"--namespaces=ml-team,ml-batch", "--pull-secret=platform-secrets/regcred", "--name=raysync", "--webhook-configuration=raysync"} {
+			if !strings.Contains(rendered, "- "+arg+"\n") {
+				t.Errorf("overlay output lacks %s", arg)
+			}
+		}
+		for _, arg := range []string{"--all-namespaces", "--auth-source=raysync/ray-token", "--auth-source-key=auth_token"} {
+			if strings.Contains(rendered, "- "+arg+"\n") {
+				t.Errorf("overlay output still has the base's %s", arg)
+			}
+		}
+		if t.Failed() {
+			t.Fatalf("overlay not applied as written:\n%.2000s", rendered)
 		}
 		// The namespaces the overlay names exist in the cluster it is written for.
 		namespaces := []string{"raysync", "ml-team", "ml-batch", "platform-secrets"}

@@ -141,7 +141,7 @@ func TestRunningClusterKeepsItsTokenUntilItMoves(t *testing.T) {
 		}
 
 		// syncer rotate: the held cluster restarts exactly once, onto t2.
-		if out, code := env.rotate(ns + "/held"); code != 0 {
+		if out, code := env.rotate(ns+"/held", "--auth-source", ns+"/ray-token", "--namespaces", ns); code != 0 || !strings.Contains(out, "will be restarted") {
 			t.Fatalf("syncer rotate: exit %d\n%s", code, out)
 		}
 		env.WaitEvent(ns, "held", "RotationCompleted", 120*time.Second)
@@ -155,9 +155,14 @@ func TestRunningClusterKeepsItsTokenUntilItMoves(t *testing.T) {
 		if out, code := env.status("--auth-source="+ns+"/ray-token", "--namespaces="+ns); code != 0 {
 			t.Errorf("syncer status after the wave: exit %d\n%s", code, out)
 		}
-		// A request for a cluster that is not behind is consumed at once, never parked for the next rotation.
-		if out, code := env.rotate(ns + "/restarted"); code != 0 {
-			t.Fatalf("syncer rotate: exit %d\n%s", code, out)
+		// A request for a cluster that is not behind is refused, never parked for the next rotation;
+		// one made by hand (the annotation) is consumed at once.
+		if out, code := env.rotate("--auth-source="+ns+"/ray-token", "--namespaces="+ns, ns+"/restarted"); code != 1 || !strings.Contains(out, "refused: not behind") {
+			t.Errorf("syncer rotate of a current cluster: exit %d\n%s", code, out)
+		}
+		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "restarted", types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"raysync.dev/rotate":"by-hand"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
 		}
 		env.WaitEventMessage(ns, "restarted", "RotationNotNeeded", 30*time.Second, "already runs on the current canonical token")
 		if rc, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(env.ctx, "restarted", metav1.GetOptions{}); err != nil {

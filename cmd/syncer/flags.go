@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,6 +24,10 @@ import (
 
 // config is the validated command line.
 type config struct {
+	// name names this install's own objects: the Lease, the rotation ledger (<name>-rotations), the
+	// webhook's certificate Secret (<name>-webhook-tls) and configuration. Two installs in one
+	// namespace need two names.
+	name             string
 	kubeconfig       string
 	authSource       types.NamespacedName
 	authSourceKey    string
@@ -58,6 +63,11 @@ type config struct {
 
 	noPrecreate bool
 	webhook     webhookConfig
+
+	// Subcommands' own flags.
+	output string // status: table or json
+	all    bool   // rotate: every cluster behind
+	yes    bool   // uninstall: do it (default: only say what it would do)
 }
 
 // webhookConfig is the admission webhook's part of the command line (addr "": no webhook).
@@ -90,18 +100,38 @@ type rawFlags struct {
 	precreate                        bool
 }
 
-func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
+// Subcommands: every one takes the same flags (those that say what raysync manages matter to all),
+// plus its own.
+const (
+	statusCommand    = "status"
+	rotateCommand    = "rotate"
+	uninstallCommand = "uninstall"
+)
+
+func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs := flag.NewFlagSet("syncer", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	authSource, namespaces, logLevel := &r.authSource, &r.namespaces, &r.logLevel
+	switch cmd {
+	case statusCommand:
+		fs.StringVar(&c.output, "output", "table", "table or json")
+		fs.StringVar(&c.output, "o", "table", "short for --output")
+	case rotateCommand:
+		fs.BoolVar(&c.all, "all", false, "every cluster behind the current token (instead of naming some)")
+	case uninstallCommand:
+		fs.BoolVar(&c.yes, "yes", false, "do what it lists (without it: only list)")
+	}
+	fs.StringVar(&c.name, "name", "raysync", "this install's name: its Lease, rotation ledger (<name>-rotations), webhook certificate Secret (<name>-webhook-tls) and webhook configuration")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
 	fs.StringVar(authSource, "auth-source", "", "canonical token Secret, NAMESPACE/NAME (required)")
 	fs.StringVar(&c.authSourceKey, "auth-source-key", "auth_token", "data key of the token in the source Secret")
 	fs.StringVar(namespaces, "namespaces", "", "comma-separated namespaces to watch (or --all-namespaces)")
 	fs.BoolVar(&c.allNamespaces, "all-namespaces", false, "watch RayClusters in every namespace")
 	fs.StringVar(&c.clusterSelector, "cluster-selector", "", "label selector limiting the RayClusters raysync manages")
-	fs.BoolVar(&c.leaderElect, "leader-elect", true, "run only while holding the Lease \"raysync\"")
-	fs.StringVar(&c.leaderElectionNS, "leader-election-namespace", getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (default $POD_NAMESPACE)")
+	fs.BoolVar(&c.leaderElect, "leader-elect", true, "run only while holding the Lease named --name")
+	fs.StringVar(&c.leaderElectionNS, "leader-election-namespace", getenv("POD_NAMESPACE"), "raysync's own namespace: its Lease, rotation ledger and webhook certificate (default $POD_NAMESPACE)")
+	fs.StringVar(&c.leaderElectionNS, "namespace", getenv("POD_NAMESPACE"), "the same as --leader-election-namespace")
+	fs.StringVar(&c.leaderElectionNS, "n", getenv("POD_NAMESPACE"), "short for --namespace")
 	fs.DurationVar(&c.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long standbys wait before taking over a Lease that is not renewed")
 	fs.DurationVar(&c.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it stops working")
 	fs.DurationVar(&c.retryPeriod, "leader-election-retry-period", 2*time.Second, "interval between leader-election attempts")
@@ -120,7 +150,7 @@ func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs.BoolVar(&c.recyclePending, "recycle-pending-pods", true, "delete Ray pods that never started and lack raysync's entries, so KubeRay recreates them")
 	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
 	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
-	fs.StringVar(&r.ledger, "rotation-ledger", "", "Secret NAMESPACE/NAME numbering the canonical tokens raysync has seen (default <leader-election namespace, else the source's>/raysync-rotations)")
+	fs.StringVar(&r.ledger, "rotation-ledger", "", "Secret NAMESPACE/NAME numbering the canonical tokens raysync has seen (default <raysync's namespace, else the source's>/<name>-rotations)")
 	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies["RayService"], "how a RayService's running cluster moves to a new token: replace, restart or hold")
 	fs.StringVar(&r.policyCluster, "rotation-policy-raycluster", projection.DefaultPolicies[""], "the same for a standalone RayCluster")
 	fs.StringVar(&r.policyJob, "rotation-policy-rayjob", projection.DefaultPolicies["RayJob"], "the same for a RayJob's cluster (never while its job runs)")
@@ -128,50 +158,82 @@ func flagSet(c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
 	fs.DurationVar(&c.rotationTimeout, "rotation-timeout", 30*time.Minute, "a replacement or restart not done by then blocks the wave (0: never)")
 	fs.BoolVar(&r.precreate, "precreate-auth-secrets", true, "create a new cluster's generated auth Secret with the canonical token before KubeRay does (false: leave it to KubeRay and the webhook)")
 	fs.StringVar(&c.webhook.addr, "webhook-addr", "", "address serving the mutating admission webhook over HTTPS, e.g. :9443 (\"\": no webhook)")
-	fs.StringVar(&r.webhookCertSecret, "webhook-cert-secret", "", "Secret NAMESPACE/NAME where raysync keeps the webhook's CA and serving certificate (default <leader-election namespace, else the source's>/raysync-webhook-tls)")
+	fs.StringVar(&r.webhookCertSecret, "webhook-cert-secret", "", "Secret NAMESPACE/NAME where raysync keeps the webhook's CA and serving certificate (default <raysync's namespace, else the source's>/<name>-webhook-tls)")
 	fs.StringVar(&c.webhook.certDir, "webhook-cert-dir", "", "serve tls.crt and tls.key from this directory (e.g. cert-manager's) instead of a certificate raysync issues")
-	fs.StringVar(&c.webhook.configuration, "webhook-configuration", "raysync", "MutatingWebhookConfiguration whose caBundle raysync keeps current (\"\": none)")
+	fs.StringVar(&c.webhook.configuration, "webhook-configuration", "", "MutatingWebhookConfiguration whose caBundle raysync keeps current (default --name; \"-\": none)")
 	fs.StringVar(&r.webhookDNS, "webhook-dns-names", "", "comma-separated DNS names of the webhook's Service, for the certificate raysync issues")
 	fs.StringVar(&r.webhookIPs, "webhook-ips", "", "comma-separated IP addresses for the certificate raysync issues (a URL webhook, e.g. 127.0.0.1 in tests)")
 	fs.DurationVar(&c.webhook.certValidity, "webhook-cert-validity", 90*24*time.Hour, "lifetime of the serving certificate raysync issues (renewed a third of it ahead)")
 	return fs
 }
 
-// parseFlags parses and validates args (without the program name). Errors are one line.
+// parseFlags parses and validates raysync's own command line (without the program name). Errors are
+// one line.
 func parseFlags(args []string, getenv func(string) string) (*config, error) {
+	c, rest, err := parseCommand("", args, getenv)
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("unexpected argument %q", rest[0])
+	}
+	return c, err
+}
+
+// parseCommand parses and validates a command's flags and returns its other arguments. Flags may come
+// before or after the arguments, as --flag=value or --flag value; "--" ends the flags.
+func parseCommand(cmd string, args []string, getenv func(string) string) (*config, []string, error) {
 	c := &config{}
 	var r rawFlags
-	fs := flagSet(c, &r, getenv)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
+	fs := flagSet(cmd, c, &r, getenv)
+	var rest []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, nil, err
+			}
+			return nil, nil, fmt.Errorf("%v", firstLine(err.Error()))
 		}
-		return nil, fmt.Errorf("%v", firstLine(err.Error()))
+		if args = fs.Args(); len(args) == 0 {
+			break
+		}
+		positional, args = append(positional, args[0]), args[1:]
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if cmd != "" {
+		c.leaderElect = false // a one-shot command never leads
 	}
+	if err := c.validate(&r); err != nil {
+		return nil, nil, err
+	}
+	return c, append(positional, rest...), nil
+}
+
+func (c *config) validate(r *rawFlags) error {
 	authSource, namespaces, logLevel := r.authSource, r.namespaces, r.logLevel
 	r.apiServer = strings.TrimSpace(r.apiServer)
+	if errs := validation.IsDNS1123Label(c.name); len(errs) > 0 || len(c.name) > 40 {
+		return fmt.Errorf("--name %q must be a DNS label of at most 40 characters (it names raysync's objects)", c.name)
+	}
 
 	var err error
 	if c.authSource, err = parseNamespacedName("--auth-source", authSource); err != nil {
-		return nil, err
+		return err
 	}
 	if c.authSourceKey == "" || len(validation.IsConfigMapKey(c.authSourceKey)) > 0 {
-		return nil, fmt.Errorf("--auth-source-key %q is not a valid Secret key", c.authSourceKey)
+		return fmt.Errorf("--auth-source-key %q is not a valid Secret key", c.authSourceKey)
 	}
 	switch {
 	case namespaces != "" && c.allNamespaces:
-		return nil, errors.New("--namespaces and --all-namespaces are mutually exclusive")
+		return errors.New("--namespaces and --all-namespaces are mutually exclusive")
 	case namespaces == "" && !c.allNamespaces:
-		return nil, errors.New("one of --namespaces or --all-namespaces is required (one token shared by every tenant should be a deliberate choice)")
+		return errors.New("one of --namespaces or --all-namespaces is required (one token shared by every tenant should be a deliberate choice)")
 	case namespaces != "":
 		seen := map[string]bool{}
 		for _, ns := range strings.Split(namespaces, ",") {
 			ns = strings.TrimSpace(ns)
 			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-				return nil, fmt.Errorf("--namespaces: %q is not a valid namespace name", ns)
+				return fmt.Errorf("--namespaces: %q is not a valid namespace name", ns)
 			}
 			if !seen[ns] {
 				seen[ns] = true
@@ -180,39 +242,42 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		}
 	}
 	if _, err := labels.Parse(c.clusterSelector); err != nil {
-		return nil, fmt.Errorf("--cluster-selector: %v", firstLine(err.Error()))
+		return fmt.Errorf("--cluster-selector: %v", firstLine(err.Error()))
+	}
+	if c.leaderElectionNS != "" && len(validation.IsDNS1123Label(c.leaderElectionNS)) > 0 {
+		return fmt.Errorf("--namespace %q is not a valid namespace name", c.leaderElectionNS)
 	}
 	if c.leaderElect {
 		if c.leaderElectionNS == "" {
-			return nil, errors.New("--leader-election-namespace (or $POD_NAMESPACE) is required with --leader-elect")
+			return errors.New("--leader-election-namespace (or $POD_NAMESPACE) is required with --leader-elect")
 		}
 		if errs := validation.IsDNS1123Label(c.leaderElectionNS); len(errs) > 0 {
-			return nil, fmt.Errorf("--leader-election-namespace %q is not a valid namespace name", c.leaderElectionNS)
+			return fmt.Errorf("--leader-election-namespace %q is not a valid namespace name", c.leaderElectionNS)
 		}
 		if c.retryPeriod <= 0 || c.renewDeadline <= c.retryPeriod || c.leaseDuration <= c.renewDeadline {
-			return nil, errors.New("leader election needs 0 < retry-period < renew-deadline < lease-duration")
+			return errors.New("leader election needs 0 < retry-period < renew-deadline < lease-duration")
 		}
 	}
 	if c.qps < 0 || c.burst < 0 {
-		return nil, errors.New("--kube-api-qps and --kube-api-burst must not be negative")
+		return errors.New("--kube-api-qps and --kube-api-burst must not be negative")
 	}
 	if c.workers < 1 || c.workers > 1024 {
-		return nil, fmt.Errorf("--workers must be between 1 and 1024, got %d", c.workers)
+		return fmt.Errorf("--workers must be between 1 and 1024, got %d", c.workers)
 	}
 	if c.logFormat != "json" && c.logFormat != "console" {
-		return nil, fmt.Errorf("--log-format must be json or console, got %q", c.logFormat)
+		return fmt.Errorf("--log-format must be json or console, got %q", c.logFormat)
 	}
 	if err := c.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: unknown level %q", logLevel)
+		return fmt.Errorf("--log-level: unknown level %q", logLevel)
 	}
 	copyNames := map[string]string{} // copies are named after their source: names must not collide
 	for _, v := range r.pullSecrets {
 		nn, err := parseNamespacedName("--pull-secret", v)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if prev, dup := copyNames[nn.Name]; dup {
-			return nil, fmt.Errorf("--pull-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
+			return fmt.Errorf("--pull-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
 		}
 		copyNames[nn.Name] = nn.String()
 		c.pullSecrets = append(c.pullSecrets, nn)
@@ -220,54 +285,54 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	if r.autoscalerTLS != "" {
 		nn, err := parseNamespacedName("--autoscaler-tls-secret", r.autoscalerTLS)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if prev, dup := copyNames[nn.Name]; dup {
-			return nil, fmt.Errorf("--autoscaler-tls-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
+			return fmt.Errorf("--autoscaler-tls-secret %s: name %q already used by %s (copies are named after their source)", nn, nn.Name, prev)
 		}
 		c.autoscalerTLS = &nn
 	}
 	if r.apiServer != "" {
 		if c.autoscalerTLS == nil {
-			return nil, errors.New("--autoscaler-api-server needs --autoscaler-tls-secret")
+			return errors.New("--autoscaler-api-server needs --autoscaler-tls-secret")
 		}
 		api, err := projection.ParseAPIServer(r.apiServer)
 		if err != nil {
-			return nil, fmt.Errorf("--autoscaler-api-server: %v", err)
+			return fmt.Errorf("--autoscaler-api-server: %v", err)
 		}
 		c.apiServer = &api
 	}
 	c.rotationPolicies = map[string]string{}
 	for kind, v := range map[string]string{"RayService": r.policyService, "": r.policyCluster, "RayJob": r.policyJob} {
 		if v != names.PolicyReplace && v != names.PolicyRestart && v != names.PolicyHold {
-			return nil, fmt.Errorf("rotation policy %q: want replace, restart or hold", v)
+			return fmt.Errorf("rotation policy %q: want replace, restart or hold", v)
 		}
 		c.rotationPolicies[kind] = v
 	}
 	if c.maxConcurrentRotation < 1 {
-		return nil, fmt.Errorf("--max-concurrent-rotations must be at least 1, got %d", c.maxConcurrentRotation)
+		return fmt.Errorf("--max-concurrent-rotations must be at least 1, got %d", c.maxConcurrentRotation)
 	}
 	if c.rotationTimeout < 0 {
-		return nil, errors.New("--rotation-timeout must not be negative")
+		return errors.New("--rotation-timeout must not be negative")
 	}
 	switch {
 	case r.ledger != "":
 		if c.rotationLedger, err = parseNamespacedName("--rotation-ledger", r.ledger); err != nil {
-			return nil, err
+			return err
 		}
 	case c.leaderElectionNS != "":
-		c.rotationLedger = types.NamespacedName{Namespace: c.leaderElectionNS, Name: defaultLedgerName}
+		c.rotationLedger = types.NamespacedName{Namespace: c.leaderElectionNS, Name: c.name + "-rotations"}
 	default:
-		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: defaultLedgerName}
+		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: c.name + "-rotations"}
 	}
 	c.noPrecreate = !r.precreate
-	if err := c.webhook.parse(&r, c); err != nil {
-		return nil, err
+	if err := c.webhook.parse(r, c); err != nil {
+		return err
 	}
 	if !path.IsAbs(c.tlsMountPath) || path.Clean(c.tlsMountPath) != c.tlsMountPath || c.tlsMountPath == "/" || strings.Contains(c.tlsMountPath, ":") {
-		return nil, fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
+		return fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
 	}
-	return c, nil
+	return nil
 }
 
 func parseNamespacedName(flagName, v string) (types.NamespacedName, error) {
@@ -300,18 +365,18 @@ the current token now. "syncer status --help" and "syncer rotate --help" list th
 
 flags:
 `)
-	fs := flagSet(&config{}, &rawFlags{}, os.Getenv)
+	fs := flagSet("", &config{}, &rawFlags{}, os.Getenv)
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }
 
-// defaultLedgerName is the rotation ledger's name in raysync's namespace.
-const defaultLedgerName = "raysync-rotations"
-
-// defaultWebhookCertSecret is the webhook certificate Secret's name in raysync's namespace.
-const defaultWebhookCertSecret = "raysync-webhook-tls"
-
 func (w *webhookConfig) parse(r *rawFlags, c *config) error {
+	switch w.configuration {
+	case "":
+		w.configuration = c.name
+	case "-":
+		w.configuration = ""
+	}
 	if w.addr == "" {
 		return nil
 	}
@@ -328,9 +393,9 @@ func (w *webhookConfig) parse(r *rawFlags, c *config) error {
 			return err
 		}
 	case c.leaderElectionNS != "":
-		w.certSecret = types.NamespacedName{Namespace: c.leaderElectionNS, Name: defaultWebhookCertSecret}
+		w.certSecret = types.NamespacedName{Namespace: c.leaderElectionNS, Name: c.name + "-webhook-tls"}
 	default:
-		w.certSecret = types.NamespacedName{Namespace: c.authSource.Namespace, Name: defaultWebhookCertSecret}
+		w.certSecret = types.NamespacedName{Namespace: c.authSource.Namespace, Name: c.name + "-webhook-tls"}
 	}
 	for _, d := range strings.Split(r.webhookDNS, ",") {
 		if d = strings.TrimSpace(d); d != "" {

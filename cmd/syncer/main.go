@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,6 +45,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == rotateCommand {
 		os.Exit(runRotate(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == uninstallCommand {
+		os.Exit(runUninstall(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
@@ -138,7 +142,15 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 	defer stopEvents()
 
 	var ctrl *projection.Controller
-	m := metrics.New(func() metrics.Snapshot { return ctrl.Snapshot() })
+	var leading atomic.Bool
+	// Cluster state comes from the leader only (standbys keep raysync_leader 0, process and webhook
+	// metrics): with several replicas nothing counts twice.
+	m := metrics.New(func() metrics.Snapshot {
+		if !leading.Load() {
+			return metrics.Snapshot{Standby: true}
+		}
+		return ctrl.Snapshot()
+	})
 	if ctrl, err = projection.New(kube, dyn, caches, recorder, m, log, pcfg, cfg.dryRun); err != nil {
 		return err
 	}
@@ -195,12 +207,13 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 
 	if !cfg.leaderElect {
 		m.Leader.Set(1)
+		leading.Store(true)
 		return ctrl.Run(ctx, cfg.workers)
 	}
 	id, _ := os.Hostname()
 	id = id + "_" + string(uuid.NewUUID())
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1ObjectMeta("raysync", cfg.leaderElectionNS),
+		LeaseMeta:  metav1ObjectMeta(cfg.name, cfg.leaderElectionNS),
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}
@@ -211,17 +224,18 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		RenewDeadline:   cfg.renewDeadline,
 		RetryPeriod:     cfg.retryPeriod,
 		ReleaseOnCancel: true,
-		Name:            "raysync",
+		Name:            cfg.name,
 		WatchDog:        healthz,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("acquired leadership", zap.String("identity", id))
 				m.Leader.Set(1)
+				leading.Store(true)
 				if err := ctrl.Run(ctx, cfg.workers); err != nil {
 					log.Error("controller stopped", zap.Error(err))
 				}
 			},
-			OnStoppedLeading: func() { m.Leader.Set(0); close(lost) },
+			OnStoppedLeading: func() { m.Leader.Set(0); leading.Store(false); close(lost) },
 			OnNewLeader: func(identity string) {
 				if identity != id {
 					log.Info("standing by", zap.String("leader", identity))

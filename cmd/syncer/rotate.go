@@ -17,107 +17,205 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/projection"
 )
 
-const rotateCommand = "rotate"
-
-// runRotate is `syncer rotate NAMESPACE/NAME... | --all <the syncer's flags>`: it asks the running
-// raysync to move the named clusters (or every cluster behind) to the current token now, whatever
-// their policy: a RayService's cluster is replaced, any other cluster restarted, paced with the rest
-// of the wave. It marks each RayCluster (annotation raysync.dev/rotate); raysync clears the mark when
-// it starts, so each request moves a cluster exactly once.
+// runRotate is `syncer rotate TARGET... | --all <the syncer's flags>`: it asks the running raysync to
+// move the named clusters (or every cluster behind) to the current token now, whatever their policy:
+// a RayService's cluster is replaced, any other cluster restarted, paced with the rest of the wave. It
+// says what it will do to each target before it marks anything (annotation raysync.dev/rotate, which
+// raysync clears when it starts, so each request moves a cluster once); a target that is not behind,
+// or that raysync cannot move, is refused: nothing is marked for it and the exit code is 1.
 func runRotate(args []string, stdout, stderr io.Writer) int {
-	var clusters []types.NamespacedName
-	var rest []string
-	all := false
-	for _, a := range args {
-		switch {
-		case a == "--all" || a == "-all":
-			all = true
-		case a == "-h" || a == "--help" || a == "-help":
-			rotateUsage(stdout)
-			return 0
-		case !strings.HasPrefix(a, "-"):
-			nn, err := parseNamespacedName("rotate", a)
-			if err != nil {
-				fmt.Fprintln(stderr, "syncer rotate:", err)
-				return statusError
-			}
-			clusters = append(clusters, nn)
-		default:
-			rest = append(rest, a)
-		}
+	cfg, targets, err := parseCommand(rotateCommand, withRunningFlags(args), os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		rotateUsage(stdout)
+		return 0
 	}
-	err := rotate(clusters, all, rest, stdout)
-	if err != nil {
+	if err == nil && cfg.all == (len(targets) > 0) {
+		err = errors.New("name clusters (NAMESPACE/NAME, or rayservice/NAMESPACE/NAME and the like) or give --all, not both and not neither")
+	}
+	var refused int
+	if err == nil {
+		refused, err = rotate(cfg, targets, stdout)
+	}
+	switch {
+	case err != nil:
 		fmt.Fprintln(stderr, "syncer rotate:", firstLine(err.Error()))
 		return statusError
+	case refused > 0:
+		return statusOutOfSync
 	}
 	return 0
 }
 
-func rotate(clusters []types.NamespacedName, all bool, flags []string, stdout io.Writer) error {
-	if all == (len(clusters) > 0) {
-		return errors.New("name clusters (NAMESPACE/NAME) or give --all, not both and not neither")
+// rotateDecision is what `syncer rotate` does to one RayCluster.
+type rotateDecision struct {
+	cluster types.NamespacedName
+	action  string // "replaced" or "restarted"; "" when refused
+	why     string
+}
+
+// decideRotation says what a request does to a cluster, from where it stands (what the controller
+// would make of the mark).
+func decideRotation(c projection.ClusterStatus) rotateDecision {
+	d := rotateDecision{cluster: types.NamespacedName{Namespace: c.Namespace, Name: c.RayCluster}}
+	r := c.Rotation
+	switch {
+	case r == nil:
+		d.why = "raysync does not manage this cluster's token (token state " + projection.Display(c.Token) + ")"
+	case r.State == names.TokenCurrent:
+		d.why = "not behind: it runs on the current canonical token; nothing to do"
+	case r.State == names.TokenRotating || r.State == names.TokenBlocked:
+		d.why = "already " + r.State + ": its replacement or restart is in flight"
+	case r.Held != "":
+		d.why = "raysync cannot move it: " + r.Held
+	case c.OwnerKind == "RayService":
+		d.action = "replaced"
+		d.why = "its RayService " + c.Owner + " starts a new cluster on the current token; traffic switches when it serves"
+	default:
+		d.action = "restarted"
+		d.why = "every pod stops, then all start on the current token"
+		if c.OwnerKind == "RayJob" {
+			d.why += " (not while its RayJob " + c.Owner + " runs)"
+		}
 	}
-	var cfg *config
-	var err error
-	if all {
-		// Which clusters are behind is what `syncer status` says: it needs the same scope flags.
-		if cfg, err = parseFlags(append(flags, "--leader-elect=false"), os.Getenv); err != nil {
-			return err
+	return d
+}
+
+// resolveTargets turns what a user names into RayClusters: NAMESPACE/NAME is a RayCluster, else the
+// clusters of a RayService or RayJob of that name; KIND/NAMESPACE/NAME says which.
+func resolveTargets(report *statusReport, targets []string) (map[string][]projection.ClusterStatus, error) {
+	out := map[string][]projection.ClusterStatus{}
+	for _, t := range targets {
+		parts := strings.Split(t, "/")
+		kind := ""
+		if len(parts) == 3 {
+			kind, parts = strings.ToLower(parts[0]), parts[1:]
 		}
-		report, err := collectStatus(cfg)
-		if err != nil {
-			return err
+		if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
+			return nil, fmt.Errorf("%q: want NAMESPACE/NAME or KIND/NAMESPACE/NAME (kind raycluster, rayservice or rayjob)", t)
 		}
+		ns, name := parts[0], parts[1]
+		byKind := map[string][]projection.ClusterStatus{}
 		for _, c := range report.Clusters {
-			if c.Rotation != nil && (c.Rotation.State == names.TokenBehind || c.Rotation.State == names.TokenBlocked) {
-				clusters = append(clusters, types.NamespacedName{Namespace: c.Namespace, Name: c.RayCluster})
+			if c.Namespace != ns {
+				continue
+			}
+			if c.RayCluster == name {
+				byKind["raycluster"] = append(byKind["raycluster"], c)
+			}
+			if c.Owner == name && c.OwnerKind != "" {
+				k := strings.ToLower(c.OwnerKind)
+				byKind[k] = append(byKind[k], c)
 			}
 		}
-	} else {
-		cfg = &config{}
-		fs := flag.NewFlagSet("rotate", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig file")
-		if err := fs.Parse(flags); err != nil {
-			return err
+		switch {
+		case kind != "" && kind != "raycluster" && kind != "rayservice" && kind != "rayjob":
+			return nil, fmt.Errorf("%q: unknown kind %q (raycluster, rayservice or rayjob)", t, kind)
+		case kind != "":
+			out[t] = byKind[kind]
+		case len(byKind) > 1:
+			return nil, fmt.Errorf("%q names more than one kind of object: say which, e.g. rayservice/%s/%s", t, ns, name)
+		default:
+			for _, cs := range byKind {
+				out[t] = cs
+			}
 		}
+		if len(out[t]) == 0 {
+			return nil, fmt.Errorf("%q: no RayCluster, RayService or RayJob of that name is in raysync's scope", t)
+		}
+	}
+	return out, nil
+}
+
+// rotate decides, says and marks; it returns how many targets were refused.
+func rotate(cfg *config, targets []string, stdout io.Writer) (int, error) {
+	report, err := collectStatus(cfg)
+	if err != nil {
+		return 0, err
+	}
+	var decisions []rotateDecision
+	refused := 0
+	if cfg.all {
+		for _, c := range report.Clusters {
+			if d := decideRotation(c); d.action != "" {
+				decisions = append(decisions, d)
+			}
+		}
+		if len(decisions) == 0 {
+			fmt.Fprintln(stdout, "no cluster is behind the current token")
+			return 0, nil
+		}
+	} else {
+		resolved, err := resolveTargets(report, targets)
+		if err != nil {
+			return 0, err
+		}
+		for _, t := range targets {
+			moved := false
+			var notes []rotateDecision
+			for _, c := range resolved[t] {
+				d := decideRotation(c)
+				if d.action != "" {
+					decisions, moved = append(decisions, d), true
+				} else {
+					notes = append(notes, d)
+				}
+			}
+			if !moved {
+				refused++
+				for _, d := range notes {
+					fmt.Fprintf(stdout, "%s: refused: %s\n", d.cluster, d.why)
+				}
+			}
+		}
+	}
+	for _, d := range decisions {
+		fmt.Fprintf(stdout, "%s: will be %s: %s\n", d.cluster, d.action, d.why)
+	}
+	if len(decisions) == 0 {
+		return refused, nil
 	}
 	rc, err := restConfig(cfg)
 	if err != nil {
-		return err
+		return refused, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return err
+		return refused, err
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
 		names.RotateAnnotation: time.Now().UTC().Format(time.RFC3339)}}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, c := range clusters {
-		if _, err := dyn.Resource(kuberay.RayClusterGVR).Namespace(c.Namespace).Patch(ctx, c.Name, types.MergePatchType, patch,
+	for _, d := range decisions {
+		if _, err := dyn.Resource(kuberay.RayClusterGVR).Namespace(d.cluster.Namespace).Patch(ctx, d.cluster.Name, types.MergePatchType, patch,
 			metav1.PatchOptions{FieldManager: "raysync-rotate"}); err != nil {
-			return fmt.Errorf("mark RayCluster %s: %w", c, err)
+			return refused, fmt.Errorf("mark RayCluster %s: %w", d.cluster, err)
 		}
-		fmt.Fprintf(stdout, "%s: rotation requested\n", c)
+		fmt.Fprintf(stdout, "%s: rotation requested\n", d.cluster)
 	}
-	if len(clusters) == 0 {
-		fmt.Fprintln(stdout, "no cluster is behind the current token")
-	}
-	return nil
+	return refused, nil
 }
 
 func rotateUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: syncer rotate NAMESPACE/NAME... [--kubeconfig FILE]
-       syncer rotate --all --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
+	fmt.Fprint(w, `usage: syncer rotate TARGET... [flags]
+       syncer rotate --all [flags]
+TARGET: NAMESPACE/NAME (a RayCluster, else a RayService or RayJob of that name) or KIND/NAMESPACE/NAME
+(kind raycluster, rayservice or rayjob).
 
-Asks the running raysync to move the named RayClusters (or, with --all, every cluster behind the
-current canonical token) to the current token now, whatever their rotation policy: a RayService's
-cluster is replaced (KubeRay's zero-downtime upgrade), any other cluster restarted as a whole. raysync
-paces these with the rest of the wave (--max-concurrent-rotations) and never touches a RayJob's
-cluster while its job runs. Each request moves a cluster once; "syncer status" shows the progress.
+Asks the running raysync to move the named clusters (or, with --all, every cluster behind the current
+canonical token) to the current token now, whatever their rotation policy: a RayService's cluster is
+replaced (KubeRay's zero-downtime upgrade), any other cluster restarted as a whole. It says what it will
+do to each before it marks anything. A target that is not behind (or is already rotating, or that raysync
+cannot move) is refused with the reason: nothing is marked for it, and the exit code is 1 (0: every target
+requested; 2: error). raysync paces requests with the rest of the wave (--max-concurrent-rotations) and
+never touches a RayJob's cluster while its job runs; each request moves a cluster once ("syncer status"
+shows the progress). It takes the syncer's own flags, as "syncer status" does.
+
 `)
+	fs := flagSet(rotateCommand, &config{}, &rawFlags{}, os.Getenv)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
 }

@@ -22,8 +22,6 @@ import (
 	"github.com/raysync/raysync/internal/projection"
 )
 
-const statusCommand = "status"
-
 // Exit codes of `syncer status`, usable from cron and CI.
 const (
 	statusInSync    = 0
@@ -48,58 +46,70 @@ type statusSource struct {
 // runStatus is `syncer status [-o table|json] <the syncer's flags>`: a read-only report of every
 // in-scope RayCluster, computed exactly as the controller computes its metrics.
 func runStatus(args []string, stdout, stderr io.Writer) int {
-	output, rest, err := outputFlag(args)
+	cfg, rest, err := parseCommand(statusCommand, withRunningFlags(args), os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		statusUsage(stdout)
+		return statusInSync
+	}
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("unexpected argument %q", rest[0])
+	}
+	if err == nil && cfg.output != "table" && cfg.output != "json" {
+		err = fmt.Errorf("-o %q: want table or json", cfg.output)
+	}
+	var report *statusReport
 	if err == nil {
-		var cfg *config
-		if cfg, err = parseFlags(append(rest, "--leader-elect=false"), os.Getenv); errors.Is(err, flag.ErrHelp) {
-			statusUsage(stdout)
-			return statusInSync
-		} else if err == nil {
-			var report *statusReport
-			if report, err = collectStatus(cfg); err == nil {
-				if output == "json" {
-					enc := json.NewEncoder(stdout)
-					enc.SetIndent("", "  ")
-					err = enc.Encode(report)
-				} else {
-					printStatus(stdout, report)
-				}
-				if err == nil {
-					if report.InSync {
-						return statusInSync
-					}
-					return statusOutOfSync
-				}
-			}
+		report, err = collectStatus(cfg)
+	}
+	if err == nil {
+		if cfg.output == "json" {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			err = enc.Encode(report)
+		} else {
+			printStatus(stdout, report)
 		}
 	}
-	fmt.Fprintln(stderr, "syncer status:", firstLine(err.Error()))
-	return statusError
+	if err != nil {
+		fmt.Fprintln(stderr, "syncer status:", firstLine(err.Error()))
+		return statusError
+	}
+	if report.InSync {
+		return statusInSync
+	}
+	return statusOutOfSync
 }
 
-// outputFlag takes -o/--output out of args (the rest are the syncer's own flags).
-func outputFlag(args []string) (string, []string, error) {
-	output := "table"
-	var rest []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "-o" || a == "--output" || a == "-output":
-			if i+1 >= len(args) {
-				return "", nil, errors.New("-o needs a value: table or json")
-			}
-			output = args[i+1]
-			i++
-		case strings.HasPrefix(a, "-o=") || strings.HasPrefix(a, "--output=") || strings.HasPrefix(a, "-output="):
-			output = a[strings.Index(a, "=")+1:]
-		default:
-			rest = append(rest, a)
+// withRunningFlags puts, in front of a command's own arguments, the flags of the raysync running as
+// PID 1 of this container, when there is one (`kubectl exec deploy/raysync -- /syncer status`): the
+// command then sees what the controller sees. The command's own flags come after, and win.
+func withRunningFlags(args []string) []string {
+	self, err := os.Executable()
+	if err != nil || os.Getpid() == 1 {
+		return args
+	}
+	b, err := os.ReadFile("/proc/1/cmdline")
+	if err != nil {
+		return args
+	}
+	argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if len(argv) < 2 {
+		return args
+	}
+	st1, err1 := os.Stat(argv[0])
+	st2, err2 := os.Stat(self)
+	if err1 != nil || err2 != nil || !os.SameFile(st1, st2) {
+		return args
+	}
+	var inherited []string
+	for _, a := range argv[1:] {
+		if strings.HasPrefix(a, "--leader-elect") || strings.HasPrefix(a, "--metrics-bind-address") || strings.HasPrefix(a, "--health-probe-bind-address") ||
+			strings.HasPrefix(a, "--webhook-") || strings.HasPrefix(a, "--dry-run") {
+			continue // what only the controller serves or does
 		}
+		inherited = append(inherited, a)
 	}
-	if output != "table" && output != "json" {
-		return "", nil, fmt.Errorf("-o %q: want table or json", output)
-	}
-	return output, rest, nil
+	return append(inherited, args...)
 }
 
 func collectStatus(cfg *config) (*statusReport, error) {
@@ -151,15 +161,16 @@ func collectStatus(cfg *config) (*statusReport, error) {
 }
 
 func statusUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
+	fmt.Fprint(w, `usage: syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [-n NAMESPACE] [flags]
 
 Reports, read-only and with your kubeconfig, whether every in-scope RayCluster is in sync: exit 0 in sync,
-1 not, 2 error. It takes the syncer's own flags (those that say what raysync manages matter here):
+1 not (a target out of sync, not owned, missing or with an invalid source; a stale pod; a cluster behind
+or blocked; a source invalid), 2 error. It takes the syncer's own flags: those that say what raysync
+manages matter here, and -n (raysync's namespace) with --name finds its rotation ledger. Run in raysync's
+own container (kubectl exec deploy/<release> -- /syncer status) it takes the running raysync's flags.
 
-  -o, --output string
-    	table or json (default "table")
 `)
-	fs := flagSet(&config{}, &rawFlags{}, os.Getenv)
+	fs := flagSet(statusCommand, &config{}, &rawFlags{}, os.Getenv)
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }

@@ -56,6 +56,9 @@ type Snapshot struct {
 	Rotations []RotationState
 	// Now is when the snapshot was taken (ages are measured from it).
 	Now time.Time
+	// Standby: this replica does not lead, so it exports no cluster or source state (the leader does):
+	// with several replicas every sum() and per-cluster alert counts each cluster once.
+	Standby bool
 }
 
 // SourcesConfigured gives every per-source counter a series at 0 for each configured source, so
@@ -241,6 +244,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.snapshot()
+	if s.Standby {
+		return
+	}
 	for _, src := range s.Sources {
 		ch <- prometheus.MustNewConstMetric(sourceValidDesc, prometheus.GaugeValue, boolFloat(src.Valid), src.Source)
 		if !src.NotAfter.IsZero() {

@@ -131,3 +131,17 @@ func gaugeOf(t *testing.T, m *Metrics, name string, labels map[string]string) pr
 	t.Fatalf("no series %s%v", name, labels)
 	return nil
 }
+
+// A standby exports no cluster or source state: with two replicas every sum counts each cluster once.
+func TestStandbyExportsNoState(t *testing.T) {
+	snap := Snapshot{Standby: true, Sources: []SourceState{{Source: "sys/token", Valid: true}},
+		Targets:   []TargetState{{Namespace: "ray", RayCluster: "a", Kind: "auth_token", State: "in_sync"}},
+		Rotations: []RotationState{{Namespace: "ray", RayCluster: "a", Kind: "RayCluster", State: "behind"}}}
+	if n := testutil.CollectAndCount(&stateCollector{snapshot: func() Snapshot { return snap }}); n != 0 {
+		t.Errorf("a standby exported %d state series", n)
+	}
+	snap.Standby = false
+	if n := testutil.CollectAndCount(&stateCollector{snapshot: func() Snapshot { return snap }}); n == 0 {
+		t.Error("the leader exported no state")
+	}
+}

@@ -4,6 +4,21 @@
 {{- if contains "raysync" .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}{{- else -}}{{ printf "%s-raysync" .Release.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
 {{- end -}}
 
+{{/* The install's name: its Lease, rotation ledger (<name>-rotations) and webhook certificate Secret
+     (<name>-webhook-tls). Every release has its own, so releases side by side never share a writer. */}}
+{{- define "raysync.instanceName" -}}{{ default (include "raysync.fullname" .) .Values.name }}{{- end -}}
+
+{{/* A Go duration of h, m, s and ms parts in milliseconds ("0" is 0). */}}
+{{- define "raysync.durationMs" -}}
+{{- $ms := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|h|m|s)" (toString .) -1 -}}
+{{- $n := float64 (regexFind "^[0-9]+(\\.[0-9]+)?" .) -}}
+{{- $u := regexFind "(ms|h|m|s)$" . -}}
+{{- $ms = addf $ms (mulf $n (get (dict "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0) $u)) -}}
+{{- end -}}
+{{- $ms -}}
+{{- end -}}
+
 {{- define "raysync.labels" -}}
 app.kubernetes.io/name: raysync
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -72,7 +87,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $svc := include "raysync.webhookService" . -}}
 {{- list (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) | toJson -}}
 {{- end -}}
-{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.fullname" . }}-webhook-tls{{- end -}}
+{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.instanceName" . }}-webhook-tls{{- end -}}
 {{- define "raysync.webhookCertDir" -}}/etc/raysync/webhook-tls{{- end -}}
 {{/* raysync issues and rotates the serving certificate and keeps the caBundle itself unless cert-manager does. */}}
 {{- define "raysync.webhookSelfManaged" -}}
