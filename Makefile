@@ -32,7 +32,7 @@ unit: ## unit tests only (seconds)
 e2e: ## e2e tests only; E2E_KUBECONFIG=<path> runs them against an existing cluster instead
 	$(GO) test -count=1 -timeout 80m -v ./e2e/...
 
-bench: ## new-cluster race (pods starting 0/100 ms/1 s after creation), rotation fan-out vs a minimal client, idle cost, memory, External Secrets Operator side by side, rotation with running clusters (~45 min; prints tables, writes bench/results/latest.json)
+bench: ## new-cluster race (pods starting 0/100 ms/1 s after creation), rotation fan-out vs a minimal client, idle cost, memory, External Secrets Operator side by side, rotation with running clusters, a fleet rotation, the admission webhook, real Ray (~80 min on 2 cores; prints tables, writes bench/results/latest.json)
 	$(GO) run ./bench
 
 soak: ## long e2e variants (1,000 clusters created in a burst while rotating)

@@ -135,6 +135,14 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 			t.Errorf("%s: helm template accepted it:\n%.300s", name, out)
 		}
 	}
+	// Chart.yaml's kubeVersion: the cluster versions the chart claims, and helm refusing older ones.
+	valid := "authSource.namespace=a,authSource.name=b,allNamespaces=true"
+	if out, err := helm(t, "template", "rs", chart, "--kube-version", "1.28.9", "--set", valid); err == nil || !strings.Contains(out, "kubeVersion") {
+		t.Errorf("helm template for Kubernetes 1.28 accepted the chart (%v):\n%.300s", err, out)
+	}
+	if out, err := helm(t, "template", "rs", chart, "--kube-version", "1.29.0", "--set", valid); err != nil {
+		t.Errorf("helm template for Kubernetes 1.29: %v\n%.300s", err, out)
+	}
 }
 
 func renderedObjects(t *testing.T, out string) []*unstructured.Unstructured {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"flag"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -159,6 +161,27 @@ func TestRotateResolvesWhatUsersName(t *testing.T) {
 			}
 			if !slices.Equal(clusters, tc.want) {
 				t.Errorf("clusters %v, want %v", clusters, tc.want)
+			}
+		})
+	}
+}
+
+// TestREADMEDocumentsEveryFlag: the README's command-line section names every flag each command takes,
+// so a flag added here without a line there fails.
+func TestREADMEDocumentsEveryFlag(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	for _, cmd := range []string{"", statusCommand, rotateCommand, uninstallCommand} {
+		flagSet(cmd, &config{}, &rawFlags{}, func(string) string { return "" }).VisitAll(func(f *flag.Flag) {
+			dashes := "--"
+			if len(f.Name) == 1 {
+				dashes = "-"
+			}
+			if !strings.Contains(readme, "`"+dashes+f.Name) && !strings.Contains(readme, dashes+f.Name+" ") {
+				t.Errorf("syncer %s: the README does not mention %s%s", cmd, dashes, f.Name)
 			}
 		})
 	}

@@ -97,7 +97,7 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 		out, dir string
 		args     []string
 	}{
-		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w", "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
+		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w"+ldflags, "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
 		{b.APIServer, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.APIServer + ".tmp", "k8s.io/kubernetes/cmd/kube-apiserver"}},
 		{b.ControllerManager, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.ControllerManager + ".tmp", "k8s.io/kubernetes/cmd/kube-controller-manager"}},
 	}
@@ -139,6 +139,10 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 // EnsureTool builds package pkg of the tools module in dir (relative to the repository) into the
 // cache as name, unless it is there already, and returns its path.
 func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ...any)) (string, error) {
+	return ensureTool(ctx, name, dir, pkg, "", logf)
+}
+
+func ensureTool(ctx context.Context, name, dir, pkg, ldflags string, logf func(string, ...any)) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
@@ -161,7 +165,7 @@ func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ..
 		return out, nil
 	}
 	logf("building %s (first run only)", name)
-	if err := goCmd(ctx, filepath.Join(root, dir), nil, "build", "-trimpath", "-ldflags=-s -w", "-o", out+".tmp", pkg); err != nil {
+	if err := goCmd(ctx, filepath.Join(root, dir), nil, "build", "-trimpath", "-ldflags=-s -w"+ldflags, "-o", out+".tmp", pkg); err != nil {
 		return "", err
 	}
 	return out, os.Rename(out+".tmp", out)
@@ -170,9 +174,20 @@ func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ..
 // HelmVersion is the helm the tests lint and render the chart with (built from e2e/tools/helm).
 const HelmVersion = "v3.22.0"
 
+// helmKubeVersion is the Kubernetes version helm assumes for `template` and `lint` without a cluster:
+// helm's own release build sets it from the client-go it is built with (v0.37 for v3.22), a plain
+// `go build` leaves helm's fallback v1.20, which fails the chart's kubeVersion.
+const helmKubeVersion = "1.37"
+
 // EnsureHelm builds helm into the cache if needed and returns its path.
 func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) {
-	return EnsureTool(ctx, "helm-"+HelmVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", logf)
+	major, minor, _ := strings.Cut(helmKubeVersion, ".")
+	var ldflags string
+	for _, p := range []string{"helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"} {
+		ldflags += " -X " + p + ".k8sVersionMajor=" + major + " -X " + p + ".k8sVersionMinor=" + minor
+	}
+	ldflags += " -X helm.sh/helm/v3/internal/version.version=" + HelmVersion
+	return ensureTool(ctx, "helm-"+HelmVersion+"-k"+helmKubeVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", ldflags, logf)
 }
 
 func moduleDir(ctx context.Context, root, modVersion string) (string, error) {

@@ -87,7 +87,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $svc := include "raysync.webhookService" . -}}
 {{- list (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) | toJson -}}
 {{- end -}}
-{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.instanceName" . }}-webhook-tls{{- end -}}
+{{/* fullname, not instanceName: the Secret 0.1.0 wrote stays the one a release uses whatever its name value. */}}
+{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.fullname" . }}-webhook-tls{{- end -}}
 {{- define "raysync.webhookCertDir" -}}/etc/raysync/webhook-tls{{- end -}}
 {{/* raysync issues and rotates the serving certificate and keeps the caBundle itself unless cert-manager does. */}}
 {{- define "raysync.webhookSelfManaged" -}}
