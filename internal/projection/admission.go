@@ -192,10 +192,9 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []Pat
 		return nil, AdmitSkipped, "canonical source invalid"
 	case holdsToken(&s, src.value):
 		return nil, AdmitUnchanged, ""
-	case slices.ContainsFunc(append(slices.Clip(in.Pods), in.Readers...), func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }) &&
-		!(anyStarted(in.Pods) && len(in.Readers) == 0 && in.Memory.lastDigest == src.digest):
-		// Containers of a cluster reading it may run on a token raysync cannot tell; only the ones
-		// raysync saw start on the current token get it back (what the controller's restore does).
+	case slices.ContainsFunc(append(slices.Clip(in.Pods), in.Readers...), func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }):
+		// Containers of a cluster reading it may run on a token raysync cannot tell (the Secret they
+		// read is gone, and with it raysync's mark): the controller does not write it either.
 		return nil, AdmitSkipped, "pods reading this Secret may run on another token"
 	}
 	want := withToken(&s, src.value, a.gather.cfg.Source, now)

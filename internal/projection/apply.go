@@ -76,13 +76,8 @@ func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInpu
 	if plan.Refused > 0 {
 		a.metrics.Syncs.WithLabelValues(names.ResultRefused).Add(float64(plan.Refused))
 	}
-	if (plan.TemplatesInPlace && !in.Memory.templatesApplied) || (plan.SeenDigest != "" && plan.SeenDigest != in.Memory.lastDigest) {
-		a.memory.update(key, in.Cluster.GetUID(), func(m *clusterMemory) {
-			m.templatesApplied = m.templatesApplied || plan.TemplatesInPlace
-			if plan.SeenDigest != "" {
-				m.lastDigest = plan.SeenDigest
-			}
-		})
+	if plan.TemplatesInPlace && !in.Memory.templatesApplied {
+		a.memory.update(key, in.Cluster.GetUID(), func(m *clusterMemory) { m.templatesApplied = true })
 	}
 	return errors.Join(podErrs...)
 }

@@ -10,16 +10,15 @@ import (
 )
 
 // clusterMemory is what raysync remembers about one RayCluster between reconciles, in process memory:
-// nothing here may change what raysync writes into a target, only whether it repeats a Warning or
-// how it counts. It is forgotten when the cluster leaves the cache or the scope.
+// nothing here changes what raysync writes (another replica, or raysync after a restart, has none of
+// it and plans the same writes: TestMemoryChangesNoWrite), only whether it repeats an Event and how it
+// counts. It is forgotten when the cluster leaves the cache or the scope.
 type clusterMemory struct {
 	uid types.UID
 	// warned maps an Event's dedup key to the value it was last recorded with.
 	warned map[string]string
 	// templatesApplied: raysync's template entries were in place once (a later patch re-applies them).
 	templatesApplied bool
-	// lastDigest is the digest of the token the cluster's target last held (never logged).
-	lastDigest string
 }
 
 // memory holds every cluster's clusterMemory, by cluster key.
@@ -51,7 +50,7 @@ func (m *memory) update(key informer.Key, uid types.UID, f func(*clusterMemory))
 	if cm == nil || cm.uid != uid {
 		cm = &clusterMemory{uid: uid}
 	}
-	next := &clusterMemory{uid: uid, templatesApplied: cm.templatesApplied, lastDigest: cm.lastDigest, warned: maps.Clone(cm.warned)}
+	next := &clusterMemory{uid: uid, templatesApplied: cm.templatesApplied, warned: maps.Clone(cm.warned)}
 	if next.warned == nil {
 		next.warned = map[string]string{}
 	}

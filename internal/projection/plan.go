@@ -115,9 +115,6 @@ type ClusterPlan struct {
 	// TargetHoldsCurrent: the Secret the cluster's pods read holds the current token (the source
 	// itself always does), so pods created now start on it.
 	TargetHoldsCurrent bool
-	// SeenDigest is the digest of the token the cluster's target holds, to remember (restores a
-	// deleted target whose running containers hold the current token).
-	SeenDigest string
 	// Rotation is where the cluster stands with its token (zero when raysync does not manage it).
 	Rotation tokenRotation
 }

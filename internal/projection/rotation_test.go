@@ -92,6 +92,11 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		return secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"), withSecretAnnotation(names.TokenSHA256Annotation, "0123456789abcdef"))
 	}
 	running := startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)
+	// Someone replaced the token in a Secret raysync had written the current token into (its mark says so).
+	changedUnder := func(written time.Time) *corev1.Secret {
+		return secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"), withSecretAnnotation(names.TokenSHA256Annotation, rotated.Digest),
+			withSecretAnnotation(names.SyncedAtAnnotation, written.UTC().Format(time.RFC3339Nano)))
+	}
 	tests := map[string]struct {
 		rc          *unstructured.Unstructured
 		opts        []func(*ClusterInput)
@@ -134,13 +139,28 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(rayPod("c1-head", "c1", onNode))},
 			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
 		},
-		"Secret deleted under containers raysync saw on the current token: restored": {
-			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},
-			wantCreates: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
-		},
-		"Secret changed under containers raysync saw on the current token: put back": {
-			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(running), func(in *ClusterInput) { in.Memory.lastDigest = rotated.Digest }},
+		// Which token running containers hold is derived from durable state (the target's mark of what
+		// raysync wrote and when, the containers' start times), never from process memory.
+		"Secret changed under containers started after raysync wrote the current token: put back": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(changedUnder(rotated.FirstSeen)), pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod))},
 			wantWrites: true, wantState: names.TokenCurrent, wantPolicy: names.PolicyHold, wantTarget: names.StateOutOfSync,
+		},
+		"Secret changed under a container started in the second raysync wrote the token: left as it is, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(changedUnder(rotated.FirstSeen.Add(300 * time.Millisecond))), pods(startedPod("c1-head", "c1", rotated.FirstSeen, headPod))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"Secret changed under a container started before raysync wrote the token: left as it is, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(changedUnder(rotated.FirstSeen)), pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod),
+				startedPod("c1-worker", "c1", rotated.FirstSeen.Add(-time.Minute)))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"Secret without raysync's mark under late containers (KubeRay's, written while raysync was down): left as it is, behind": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysAt(rotated.FirstSeen)), pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+		},
+		"Secret deleted under containers started on the current token: nothing tells their token any more, missing": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod))},
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateMissing,
 		},
 		"Secret deleted under containers on a token raysync cannot tell: nothing written, behind, missing": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(running)},

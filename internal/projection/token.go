@@ -76,7 +76,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		readers = append(slices.Clip(in.Pods), in.Readers...)
 	}
 	started := anyStarted(readers)
-	restores := started && in.Memory.lastDigest == src.digest // raysync saw them start on the current token
+	restores := startedOnCurrent(readers, in.Target, src.digest)
 	switch cur := in.Target; {
 	case !src.valid():
 		p.Status.Token = names.StateSourceInvalid // every target keeps its token; the source's own key reports it
@@ -126,7 +126,6 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.Status.Token = names.StateInSync
 		p.Unchanged = true
 		p.TargetHoldsCurrent = true
-		p.SeenDigest = src.digest
 		if t.Mode == Referenced && !copyMetaCurrent(cur, cfg.Source, names.KindAuthToken) {
 			// A copy of an earlier source already holding the token: only raysync's annotations change.
 			p.Status.Token, p.Unchanged = names.StateOutOfSync, false
@@ -146,7 +145,6 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		// raysync wants), and the cluster is behind until a replacement or restart moves it.
 		p.Status.Token = names.StateInSync
 		p.Unchanged = true
-		p.SeenDigest = tokenDigest(cur.Data[kuberay.AuthTokenKey])
 		p.rotation(in, cfg, t, false)
 	case mayHaveBeenRead(cur, readers, in.Now, in.WatchingSince):
 		// A kubelet that has a reader pod may have started a container on this token before the pod's
@@ -193,6 +191,36 @@ func mayHaveBeenRead(s *corev1.Secret, readers []*corev1.Pod, now, watchingSince
 	created := s.CreationTimestamp.Time
 	young := s.Annotations[names.TokenSHA256Annotation] == "" && !created.Before(watchingSince) && now.Sub(created) < readWindow
 	return slices.ContainsFunc(readers, func(p *corev1.Pod) bool { return podMayHaveRead(p, young) })
+}
+
+// startedOnCurrent reports, from durable state alone (so every replica and every restart plans the
+// same), whether the containers that have started among readers can only hold the current canonical
+// token: the target carries raysync's mark of having written that token (at its synced-at time), and
+// every started container started after that write. Nothing else tells which token a running
+// container holds: a Secret KubeRay wrote while raysync was down carries no mark, and a deleted one
+// leaves nothing, so raysync writes no token under such containers (the cluster is behind, or its
+// target missing, and its policy moves it as a whole). A foreign write between raysync's and a
+// container's start is not seen (the mark stays); containers then hold that writer's token.
+func startedOnCurrent(readers []*corev1.Pod, target *corev1.Secret, digest string) bool {
+	if target == nil || target.Annotations[names.TokenSHA256Annotation] != digest || !anyStarted(readers) {
+		return false
+	}
+	written, err := time.Parse(time.RFC3339Nano, target.Annotations[names.SyncedAtAnnotation])
+	if err != nil {
+		return false
+	}
+	after := written.Truncate(time.Second).Add(time.Second) // container start times are in whole seconds
+	late := func(cs corev1.ContainerStatus) bool {
+		s := containerStartedAt(cs)
+		return s.IsZero() || !s.Before(after)
+	}
+	return !slices.ContainsFunc(readers, func(p *corev1.Pod) bool {
+		return podStarted(p) && (!allOf(p.Status.InitContainerStatuses, late) || !allOf(p.Status.ContainerStatuses, late))
+	})
+}
+
+func allOf[T any](s []T, f func(T) bool) bool {
+	return !slices.ContainsFunc(s, func(v T) bool { return !f(v) })
 }
 
 // beforeEnv are the waiting reasons of a container whose env the kubelet has not resolved yet.
