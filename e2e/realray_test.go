@@ -148,7 +148,8 @@ func (e *Env) rayPython(timeout time.Duration, token, program string) (string, i
 	cmd := exec.CommandContext(ctx, filepath.Join(n.Venv, "bin", "python"), "-c", program)
 	proxy := e.StandIn().ClientProxyURL
 	cmd.Env = []string{"PATH=" + filepath.Join(n.Venv, "bin") + ":/usr/bin:/bin", "HOME=" + e.t.TempDir(), "LANG=C.UTF-8", "RAY_USAGE_STATS_ENABLED=0",
-		"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "grpc_proxy=" + proxy, "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + token}
+		"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "grpc_proxy=" + proxy, "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + token,
+		"RAY_grpc_enable_http_proxy=1"} // Ray turns gRPC's proxy support off unless told (ray_constants.GLOBAL_GRPC_OPTIONS)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if x, ok := err.(*exec.ExitError); ok {

@@ -131,8 +131,12 @@ func TestWebhookEveryPodBornRight(t *testing.T) {
 				t.Errorf("%v pods recycled for a missing %s", v, reason)
 			}
 		}
-		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "mutated"}); v < 10 {
-			t.Errorf("webhook mutated %v pods, want every one (10)", v)
+		// Every pod went through the webhook: mutated, or unchanged when raysync had patched the
+		// template before KubeRay created the pods (then they were born right from it).
+		mutated, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "mutated"})
+		unchanged, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "unchanged"})
+		if mutated+unchanged < 10 || mutated < 1 {
+			t.Errorf("webhook answered %v pods mutated and %v unchanged, want all 10 pods and at least one mutated", mutated, unchanged)
 		}
 		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "mutated"}); v != 5 {
 			t.Errorf("webhook gave %v auth Secrets the token, want 5", v)

@@ -186,10 +186,12 @@ func New(snapshot func() Snapshot) *Metrics {
 
 // Names lists every raysync_* metric name the registry can export (histograms as their base name),
 // whether or not it has a series yet. Dashboards and alerts are checked against it.
-func (m *Metrics) Names() []string {
+func (m *Metrics) Names() []string { return describe(m.own) }
+
+func describe(own []prometheus.Collector) []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		for _, c := range m.own {
+		for _, c := range own {
 			c.Describe(ch)
 		}
 		close(ch)
