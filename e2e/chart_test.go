@@ -312,7 +312,7 @@ func TestChartWebhook(t *testing.T) {
 				t.Errorf("no container port webhook 9443: %s", got)
 			}
 			wantArgs := []string{"--webhook-addr=:9443", "--webhook-cert-secret=" + rel + "/" + certSecret,
-				"--webhook-configuration=" + fullname, "--webhook-dns-names=" + strings.Join(dnsNames, ",")}
+				"--webhook-configuration=" + fullname, "--webhook-dns-names=" + strings.Join(dnsNames, ","), "--webhook-cert-validity=2160h"}
 			if got := webhookArgs(t, objs); !slices.Equal(got, wantArgs) {
 				t.Errorf("webhook flags %q, want %q", got, wantArgs)
 			}

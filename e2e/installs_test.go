@@ -158,7 +158,7 @@ func TestUpgradeFromThePreviousRelease(t *testing.T) {
 	t.Cleanup(func() { env.kubectlDeleteClusterScoped(old) })
 	kubeconfig, _ := env.serviceAccountKubeconfig(rel, "raysync")
 	port := freePort(t)
-	oldArgs := append(chartArgs(t, old, port), "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms", "--pull-secret="+src+"/regcred")
+	oldArgs := append(chartArgs(t, old, port), "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")
 	s := env.StartSyncerAs(kubeconfig, oldArgs...)
 	env.CreateRayCluster(rayCluster(ns, "held"))
 	env.CreateRayCluster(rayCluster(ns, "restarting", withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})))

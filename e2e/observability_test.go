@@ -37,7 +37,7 @@ func checkPromQL(t *testing.T, where string, exprs []string) {
 		t.Fatalf("%s: promql tool: %v\n%s", where, runErr, out.String())
 	}
 	known := map[string]bool{"up": true}
-	for _, n := range metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }).Names() {
+	for _, n := range append(metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }).Names(), metrics.NewGateway().Names()...) {
 		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
 			known[n+suffix] = true
 		}
@@ -55,12 +55,26 @@ func checkPromQL(t *testing.T, where string, exprs []string) {
 	}
 }
 
-func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
+// renderedAlerts is the rule file as the chart renders it with the gateway on: alerts.yaml and the
+// gateway's group appended.
+func renderedAlerts(t *testing.T, behindSeconds string) []byte {
+	t.Helper()
 	root, _ := framework.RepoRoot()
-	b, err := os.ReadFile(filepath.Join(root, "deploy/helm/raysync/files/alerts.yaml"))
+	files := filepath.Join(root, "deploy/helm/raysync/files")
+	rules, err := os.ReadFile(filepath.Join(files, "alerts.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	gw, err := os.ReadFile(filepath.Join(files, "gateway-alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.TrimSuffix(string(rules), "\n") + "\n" + string(gw)
+	return []byte(strings.NewReplacer("__JOB__", "raysync-metrics", "__GATEWAY_JOB__", "raysync-gateway", "__BEHIND_SECONDS__", behindSeconds).Replace(all))
+}
+
+func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
+	b := renderedAlerts(t, "604800")
 	var rules struct {
 		Groups []struct {
 			Rules []struct {
@@ -78,14 +92,15 @@ func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			alerts[r.Alert] = true
-			exprs = append(exprs, strings.NewReplacer("__JOB__", "raysync-metrics", "__BEHIND_SECONDS__", "604800").Replace(r.Expr))
+			exprs = append(exprs, r.Expr)
 			if r.Annotations["summary"] == "" || r.Annotations["runbook"] == "" {
 				t.Errorf("alert %s lacks summary or runbook text", r.Alert)
 			}
 		}
 	}
 	for _, want := range []string{"RaysyncSourceInvalid", "RaysyncTargetsOutOfSync", "RaysyncStalePods", "RaysyncPodsRecycledRepeatedly",
-		"RaysyncAutoscalerCertExpiringSoon", "RaysyncDown", "RaysyncNoLeader", "RaysyncRotationBlocked", "RaysyncClustersBehind"} {
+		"RaysyncAutoscalerCertExpiringSoon", "RaysyncDown", "RaysyncNoLeader", "RaysyncRotationBlocked", "RaysyncClustersBehind",
+		"RaysyncGatewayUpstreamAuthFailures", "RaysyncGatewayTableInvalid", "RaysyncGatewayDown", "RaysyncGatewayRefusingClients"} {
 		if !alerts[want] {
 			t.Errorf("alert %s missing", want)
 		}
@@ -133,7 +148,7 @@ func TestMetricsDocSLIsParse(t *testing.T) {
 	}
 	checkPromQL(t, "docs/metrics.md", exprs)
 	// Every metric raysync exports is documented.
-	for _, n := range metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }).Names() {
+	for _, n := range append(metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }).Names(), metrics.NewGateway().Names()...) {
 		short := strings.TrimPrefix(n, "raysync_workqueue")
 		if !strings.Contains(string(b), n) && !strings.Contains(string(b), short) {
 			t.Errorf("docs/metrics.md does not mention %s", n)
@@ -153,16 +168,12 @@ func TestAlertRulesFireWhenTheyShould(t *testing.T) {
 	}
 	dir := t.TempDir()
 	files := filepath.Join(root, "deploy/helm/raysync/files")
-	rules, err := os.ReadFile(filepath.Join(files, "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rendered := strings.NewReplacer("__JOB__", "raysync-metrics", "__BEHIND_SECONDS__", "86400").Replace(string(rules))
+	rendered := renderedAlerts(t, "86400")
 	tests, err := os.ReadFile(filepath.Join(files, "alerts_test.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "alerts.yaml"), []byte(rendered), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "alerts.yaml"), rendered, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o644); err != nil {

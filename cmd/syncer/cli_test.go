@@ -185,4 +185,29 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 			}
 		})
 	}
+	gatewayFlagSet(&gatewayConfig{}, new(string), new(string), func(string) string { return "" }).VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(readme, "`--"+f.Name) {
+			t.Errorf("syncer gateway: the README does not mention --%s", f.Name)
+		}
+	})
+}
+
+func TestGatewayFlags(t *testing.T) {
+	env := func(k string) string { return map[string]string{"POD_NAMESPACE": "raysync"}[k] }
+	c, err := parseGatewayFlags(nil, env)
+	if err != nil || c.table.String() != "raysync/raysync-gateway" || c.dashboardAddr != ":8265" || c.clientAddr != ":10001" {
+		t.Fatalf("defaults: %+v, %v", c, err)
+	}
+	c, err = parseGatewayFlags([]string{"--table-secret", "ops/tenant-a-raysync-gateway", "--cluster-domain=corp.local"}, env)
+	if err != nil || c.table.String() != "ops/tenant-a-raysync-gateway" || c.clusterDomain != "corp.local" {
+		t.Fatalf("flags: %+v, %v", c, err)
+	}
+	for _, bad := range [][]string{{"--table-secret=nope"}, {"--log-format=xml"}, {"--drain-delay=-1s"}, {"extra"}, {"--auth-source=a/b"}} {
+		if _, err := parseGatewayFlags(bad, env); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	if _, err := parseGatewayFlags(nil, func(string) string { return "" }); err == nil {
+		t.Error("no table Secret and no $POD_NAMESPACE accepted")
+	}
 }

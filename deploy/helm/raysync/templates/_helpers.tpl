@@ -4,8 +4,8 @@
 {{- if contains "raysync" .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}{{- else -}}{{ printf "%s-raysync" .Release.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
 {{- end -}}
 
-{{/* The install's name: its Lease, rotation ledger (<name>-rotations) and webhook certificate Secret
-     (<name>-webhook-tls). Every release has its own, so releases side by side never share a writer. */}}
+{{/* The install's name: its Lease, rotation ledger (<name>-rotations) and gateway table
+     (<name>-gateway). Every release has its own, so releases side by side never share a writer. */}}
 {{- define "raysync.instanceName" -}}{{ default (include "raysync.fullname" .) .Values.name }}{{- end -}}
 
 {{/* A Go duration of h, m, s and ms parts in milliseconds ("0" is 0). */}}
@@ -25,6 +25,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* The gateway's pods are not the controller's: a selector of one must never match the other. */}}
+{{- define "raysync.gatewayLabels" -}}
+app.kubernetes.io/name: raysync-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+{{- define "raysync.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: raysync-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "raysync.selectorLabels" -}}
@@ -64,6 +77,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch"]
+{{- if .Values.gateway.enabled }}
+# The gateway's stable address per RayService and RayCluster: an ExternalName Service <object>-gw
+# raysync creates (owned by the object, so garbage-collected with it) and never one it does not own.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "update", "delete"]
+{{- end }}
 # Pre-created auth Secrets carry a blockOwnerDeletion ownerReference to their RayCluster, which the
 # OwnerReferencesPermissionEnforcement admission plugin only allows with update on the finalizers.
 - apiGroups: ["ray.io"]
