@@ -20,6 +20,7 @@ import (
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/projection"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // config is the validated command line.
@@ -50,7 +51,7 @@ type config struct {
 
 	pullSecrets    []types.NamespacedName
 	autoscalerTLS  *types.NamespacedName
-	apiServer      *projection.APIServer
+	apiServer      *validate.APIServer
 	tlsMountPath   string
 	recyclePending bool
 	prune          bool
@@ -296,7 +297,7 @@ func (c *config) validate(r *rawFlags) error {
 		if c.autoscalerTLS == nil {
 			return errors.New("--autoscaler-api-server needs --autoscaler-tls-secret")
 		}
-		api, err := projection.ParseAPIServer(r.apiServer)
+		api, err := validate.ParseAPIServer(r.apiServer)
 		if err != nil {
 			return fmt.Errorf("--autoscaler-api-server: %v", err)
 		}

@@ -19,15 +19,6 @@ import (
 
 // Benchmarks of the hot pure functions (go test -bench . ./internal/projection).
 
-func BenchmarkValidateToken(b *testing.B) {
-	s := sourceSecret(strings.Repeat("t", 44))
-	for b.Loop() {
-		if _, err := ValidateToken(s, "auth_token"); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func BenchmarkTokenTargetFor(b *testing.B) {
 	rc := rayCluster("ml-inference-abcde")
 	for b.Loop() {
@@ -42,16 +33,6 @@ func BenchmarkDesiredTemplates(b *testing.B) {
 	cfg := TemplateConfig{PullSecrets: []string{"regcred"}, TLS: &TLSTemplate{SecretName: "tls", MountPath: DefaultTLSMountPath, HasCA: true}}
 	for b.Loop() {
 		if _, changed, err := desiredTemplates(rc, cfg); err != nil || !changed {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkValidateAutoscalerTLS(b *testing.B) {
-	crt, key := testCert(b)
-	s := &corev1.Secret{Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
-	for b.Loop() {
-		if _, err := ValidateAutoscalerTLS(s, time.Now()); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Config is what raysync is told to do (the command line, validated).
@@ -50,7 +51,7 @@ type Config struct {
 type PodOptions struct {
 	PullSecrets    []types.NamespacedName
 	AutoscalerTLS  *types.NamespacedName
-	APIServer      *APIServer
+	APIServer      *validate.APIServer
 	MountPath      string
 	RecyclePending bool
 	AllowRecreate  bool

@@ -12,6 +12,7 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Managed copies: a pod source (pull secret, client certificate) in another namespace than the
@@ -44,7 +45,7 @@ func withCopyMeta(s *corev1.Secret, source types.NamespacedName, kind names.Kind
 // copied reports whether a copy carries key: everything for a pull secret, only the TLS keys for a
 // client certificate (never anything else its source holds).
 func copied(kind names.Kind, key string) bool {
-	return kind != names.KindAutoscalerTLS || slices.Contains([]string{TLSCertKey, TLSKeyKey, TLSCAKey}, key)
+	return kind != names.KindAutoscalerTLS || slices.Contains([]string{validate.TLSCertKey, validate.TLSKeyKey, validate.TLSCAKey}, key)
 }
 
 // copyData is what a managed copy of src holds.

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // The rotation invariant and the webhook at their edges: Secrets several clusters read, restarts a
@@ -302,7 +303,7 @@ func TestWebhookCorrectsStaleEntries(t *testing.T) {
 
 // A running pod counts as stale when any entry raysync owns is wrong, not only the cert path.
 func TestRunningPodWithAStaleAutoscalerEntryIsReported(t *testing.T) {
-	srv := &APIServer{Host: "https://proxy.example", Port: 6443}
+	srv := &validate.APIServer{Host: "https://proxy.example", Port: 6443}
 	tlsT := TLSTemplate{SecretName: "client-tls", MountPath: DefaultTLSMountPath, APIServer: srv}.prepared()
 	pod := &corev1.Pod{Spec: corev1.PodSpec{
 		Volumes: []corev1.Volume{{Name: names.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "client-tls"}}}},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Planner tests: a ClusterInput in, the exact actions (objects, patches, Event reasons and
@@ -240,7 +241,7 @@ func TestPlanPrune(t *testing.T) {
 func TestObserveSource(t *testing.T) {
 	valid := func(v string) source {
 		s := source{kind: names.KindAuthToken, secret: sourceSecret(v)}
-		s.value, s.err = ValidateToken(s.secret, kuberay.AuthTokenKey)
+		s.value, s.err = validate.Token(s.secret, kuberay.AuthTokenKey)
 		return s
 	}
 	first := observeSource(sourceMemory{}, valid("a"), kuberay.AuthTokenKey)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // sourceView is what the configured sources hold at one moment, validated once and shared by every
@@ -33,7 +34,7 @@ type source struct {
 	err    error          // why it cannot be used; nil when valid
 	value  []byte         // the token (auth_token kind only)
 	digest string         // tokenDigest(value) (auth_token kind only)
-	cert   AutoscalerTLS  // what the certificate says (autoscaler_tls kind only)
+	cert   validate.Cert  // what the certificate says (autoscaler_tls kind only)
 	// template is how a valid certificate is wired into a cluster's templates (autoscaler_tls kind only).
 	template *TLSTemplate
 }
@@ -43,7 +44,7 @@ func (s source) valid() bool { return s.err == nil }
 // readSources validates every configured source as get returns it (nil: missing) at time now.
 func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now time.Time) *sourceView {
 	v := &sourceView{token: source{name: cfg.Source, kind: names.KindAuthToken, secret: get(cfg.Source)}}
-	v.token.value, v.token.err = ValidateToken(v.token.secret, cfg.SourceKey)
+	v.token.value, v.token.err = validate.Token(v.token.secret, cfg.SourceKey)
 	if v.token.valid() {
 		v.token.digest = tokenDigest(v.token.value)
 	}
@@ -53,12 +54,12 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 	}
 	for _, n := range cfg.Pods.PullSecrets {
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
-		s.err = ValidatePullSecret(s.secret)
+		s.err = validate.PullSecret(s.secret)
 		v.pull = append(v.pull, s)
 	}
 	if n := cfg.Pods.AutoscalerTLS; n != nil {
 		s := source{name: *n, kind: names.KindAutoscalerTLS, secret: get(*n)}
-		s.cert, s.err = ValidateAutoscalerTLS(s.secret, now)
+		s.cert, s.err = validate.AutoscalerTLS(s.secret, now)
 		s.template = TLSTemplate{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.prepared()
 		v.tls = &s
 	}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Ray's autoscaler reads these (seed 001; kuberay-facts.md), and where raysync mounts the certificate.
@@ -36,7 +37,7 @@ type TLSTemplate struct {
 	SecretName string // the copy in the cluster's namespace
 	MountPath  string
 	HasCA      bool
-	APIServer  *APIServer
+	APIServer  *validate.APIServer
 
 	entries []envEntry // envEntries(), computed once (see prepared)
 }
@@ -61,11 +62,11 @@ func (t *TLSTemplate) envEntries() []envEntry {
 // env is the autoscaler environment raysync sets, in a stable order.
 func (t *TLSTemplate) env() []corev1.EnvVar {
 	env := []corev1.EnvVar{
-		{Name: EnvClientCertPath, Value: path.Join(t.MountPath, TLSCertKey)},
-		{Name: EnvClientKeyPath, Value: path.Join(t.MountPath, TLSKeyKey)},
+		{Name: EnvClientCertPath, Value: path.Join(t.MountPath, validate.TLSCertKey)},
+		{Name: EnvClientKeyPath, Value: path.Join(t.MountPath, validate.TLSKeyKey)},
 	}
 	if t.HasCA {
-		env = append(env, corev1.EnvVar{Name: EnvCACertPath, Value: path.Join(t.MountPath, TLSCAKey)})
+		env = append(env, corev1.EnvVar{Name: EnvCACertPath, Value: path.Join(t.MountPath, validate.TLSCAKey)})
 	}
 	if t.APIServer != nil {
 		env = append(env,

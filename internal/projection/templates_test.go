@@ -5,11 +5,13 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/validate"
 )
 
 func TestDesiredTemplates(t *testing.T) {
 	tlsCfg := &TLSTemplate{SecretName: "client-tls", MountPath: "/etc/raysync/autoscaler-tls", HasCA: true,
-		APIServer: &APIServer{Host: "proxy.example", Port: 6443}}
+		APIServer: &validate.APIServer{Host: "proxy.example", Port: 6443}}
 	tests := map[string]struct {
 		rc          *unstructured.Unstructured
 		cfg         TemplateConfig
