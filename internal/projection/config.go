@@ -23,6 +23,7 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/validate"
 )
 
@@ -70,7 +71,7 @@ func (c Config) withDefaults() Config {
 		c.SourceKey = kuberay.AuthTokenKey
 	}
 	if c.Pods.MountPath == "" {
-		c.Pods.MountPath = DefaultTLSMountPath
+		c.Pods.MountPath = podtemplate.DefaultTLSMountPath
 	}
 	if c.ClusterSelector == nil {
 		c.ClusterSelector = labels.Everything()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/validate"
 )
 
@@ -126,14 +127,14 @@ func planPrune(clusters []*unstructured.Unstructured, copies []*corev1.Secret, c
 		if a.SecretName != "" {
 			referenced[a.SecretName] = true
 		}
-		for _, n := range templateSecretRefs(rc) {
+		for _, n := range podtemplate.SecretRefs(rc) {
 			referenced[n] = true
 		}
 		if cfg.managed(rc) { // its templates may not be patched yet
 			for _, src := range cfg.Pods.PullSecrets {
 				referenced[src.Name] = true
 			}
-			if src := cfg.Pods.AutoscalerTLS; src != nil && Autoscaling(rc) {
+			if src := cfg.Pods.AutoscalerTLS; src != nil && podtemplate.Autoscaling(rc) {
 				referenced[src.Name] = true
 			}
 		}
@@ -146,28 +147,4 @@ func planPrune(clusters []*unstructured.Unstructured, copies []*corev1.Secret, c
 		}
 	}
 	return actions
-}
-
-// templateSecretRefs lists the Secret names a cluster's templates reference in imagePullSecrets (head
-// and workers) or head volumes, tolerating malformed fields.
-func templateSecretRefs(rc *unstructured.Unstructured) []string {
-	var refs []string
-	for i, ps := range podSpecsOf(rc.Object) {
-		for _, e := range listOf(ps, "imagePullSecrets") {
-			if n, ok := e["name"].(string); ok {
-				refs = append(refs, n)
-			}
-		}
-		if i > 0 {
-			continue // volumes: raysync mounts the certificate in the head only
-		}
-		for _, e := range listOf(ps, "volumes") {
-			if sec, ok := e["secret"].(map[string]any); ok {
-				if n, ok := sec["secretName"].(string); ok {
-					refs = append(refs, n)
-				}
-			}
-		}
-	}
-	return refs
 }

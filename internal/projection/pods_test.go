@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/validate"
 )
 
@@ -35,7 +36,7 @@ func createdAt(t time.Time) func(*corev1.Pod) {
 func TestPlanPodConfig(t *testing.T) {
 	pull := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, RecyclePending: true}}
 	fixed := func(opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
-		rc, _, _ := desiredTemplates(templatedCluster("c1", append(opts, resourceVersion("7"))...), TemplateConfig{PullSecrets: []string{"regcred"}})
+		rc, _, _ := podtemplate.Desired(templatedCluster("c1", append(opts, resourceVersion("7"))...), podtemplate.Config{PullSecrets: []string{"regcred"}})
 		return rc
 	}
 	recreate := setPath("Recreate", "spec", "upgradeStrategy", "type")

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/validate"
 )
 
@@ -36,7 +37,7 @@ type source struct {
 	digest string         // tokenDigest(value) (auth_token kind only)
 	cert   validate.Cert  // what the certificate says (autoscaler_tls kind only)
 	// template is how a valid certificate is wired into a cluster's templates (autoscaler_tls kind only).
-	template *TLSTemplate
+	template *podtemplate.TLS
 }
 
 func (s source) valid() bool { return s.err == nil }
@@ -60,7 +61,7 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 	if n := cfg.Pods.AutoscalerTLS; n != nil {
 		s := source{name: *n, kind: names.KindAutoscalerTLS, secret: get(*n)}
 		s.cert, s.err = validate.AutoscalerTLS(s.secret, now)
-		s.template = TLSTemplate{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.prepared()
+		s.template = podtemplate.TLS{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.Prepared()
 		v.tls = &s
 	}
 	return v
