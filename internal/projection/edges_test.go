@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/validate"
@@ -117,7 +118,7 @@ func TestRotateRequestForACurrentClusterIsDropped(t *testing.T) {
 }
 
 // The ledger: rotation 5 (oldToken) 30 days ago, 6 (midToken) 10 days ago, 7 (token) 3 hours ago.
-var history = ledger{
+var history = ledger.Ledger{
 	{ID: 5, Digest: tokenDigest([]byte(oldToken)), FirstSeen: planNow.Add(-30 * 24 * time.Hour)},
 	{ID: 6, Digest: tokenDigest([]byte(midToken)), FirstSeen: planNow.Add(-10 * 24 * time.Hour)},
 	rotated,

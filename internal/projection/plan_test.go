@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/validate"
 )
@@ -219,7 +220,7 @@ func TestPlanPrune(t *testing.T) {
 			setPath([]any{map[string]any{"name": "old-regcred"}}, "spec", "workerGroupSpecs"))}, copies: []*corev1.Secret{copyNamed("old-regcred")}, want: []string{"old-regcred"}},
 		"a malformed cluster: keep everything": {clusters: []*unstructured.Unstructured{rayCluster("c", withAuth("x"))}, copies: []*corev1.Secret{copyNamed("a")}},
 		"not labelled managed: never":          {copies: []*corev1.Secret{secret(ns, "a", nil)}},
-		"the rotation ledger: never":           {copies: []*corev1.Secret{desiredLedger(types.NamespacedName{Namespace: ns, Name: "raysync-rotations"}, nil, nil)}},
+		"the rotation ledger: never":           {copies: []*corev1.Secret{ledger.Desired(types.NamespacedName{Namespace: ns, Name: "raysync-rotations"}, nil, nil)}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

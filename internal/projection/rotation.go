@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
@@ -114,7 +115,7 @@ func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent boo
 func behindSince(in *ClusterInput) time.Time {
 	l := in.Sources.ledger
 	if len(l) == 0 && in.Sources.rotation.ID != 0 {
-		l = ledger{in.Sources.rotation}
+		l = ledger.Ledger{in.Sources.rotation}
 	}
 	if in.Target != nil {
 		held := tokenDigest(in.Target.Data[kuberay.AuthTokenKey])

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/validate"
@@ -23,8 +24,8 @@ type sourceView struct {
 	pull  []source
 	tls   *source // nil when no client certificate is configured
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
-	ledger   ledger
-	rotation rotation
+	ledger   ledger.Ledger
+	rotation ledger.Rotation
 }
 
 // source is one configured source Secret as cached, and whether it can be used.
@@ -50,8 +51,8 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 		v.token.digest = tokenDigest(v.token.value)
 	}
 	if cfg.Ledger.Name != "" {
-		v.ledger = readLedger(get(cfg.Ledger))
-		v.rotation, _ = v.ledger.current(v.token.digest)
+		v.ledger = ledger.Read(get(cfg.Ledger))
+		v.rotation, _ = v.ledger.Current(v.token.digest)
 	}
 	for _, n := range cfg.Pods.PullSecrets {
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
