@@ -3,10 +3,11 @@
 //
 //   - gather.go reads everything one decision needs from the informer caches into an input (no API calls);
 //   - the planners decide, as pure functions of that input (no clients, no clock, no logs, no metrics):
-//     token.go (the auth Secret), copies.go (managed copies and pruning), templates.go and pods.go
-//     (pull secrets and autoscaler TLS on pod templates and pods), composed in plan.go; rotation.go
-//     says where a running cluster stands with its token, and wave.go (with wave_patches.go) decides
-//     the fleet's replacements and restarts, numbered by the ledger (ledger.go);
+//     plan_token.go (the auth Secret), plan_copies.go (managed copies and pruning), plan_pods.go
+//     (pull secrets and autoscaler TLS on pod templates and pods, through internal/podtemplate),
+//     composed in plan.go; plan_rotation.go says where a running cluster stands with its token, and
+//     plan_wave.go (with plan_wave_patches.go) decides the fleet's replacements and restarts,
+//     numbered by internal/ledger;
 //   - apply.go (and apply_rotation.go) executes the planned actions with preconditions; it holds
 //     every API write.
 //

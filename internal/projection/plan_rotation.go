@@ -15,7 +15,7 @@ import (
 // Ray reads its token once per process and accepts only that one, so a running cluster moves to a new
 // token only as a whole (kuberay-facts.md). The invariant raysync keeps: once any container of a
 // cluster has started with a token, the cluster's auth Secret changes only as part of a replacement
-// or a restart that raysync performs. This file says where a cluster stands; wave.go decides which
+// or a restart that raysync performs. This file says where a cluster stands; plan_wave.go decides which
 // clusters move, and when.
 
 // RotationOptions configure how running clusters move to a new token.
