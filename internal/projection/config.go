@@ -1,18 +1,3 @@
-// Package projection decides what every in-scope RayCluster's targets must hold and makes it so,
-// in three steps that each live in their own file:
-//
-//   - gather.go reads everything one decision needs from the informer caches into an input (no API calls);
-//   - the planners decide, as pure functions of that input (no clients, no clock, no logs, no metrics):
-//     plan_token.go (the auth Secret), plan_copies.go (managed copies and pruning), plan_pods.go
-//     (pull secrets and autoscaler TLS on pod templates and pods, through internal/podtemplate),
-//     composed in plan.go; plan_rotation.go says where a running cluster stands with its token, and
-//     plan_wave.go (with plan_wave_patches.go) decides the fleet's replacements and restarts,
-//     numbered by internal/ledger;
-//   - apply.go (and apply_rotation.go) executes the planned actions with preconditions; it holds
-//     every API write.
-//
-// controller.go runs the work queue around them; status.go turns the same plans into the state that
-// metrics and `syncer status` report, so what raysync does and what it reports are one decision.
 package projection
 
 import (
