@@ -19,7 +19,9 @@ import (
 
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/projection"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // config is the validated command line.
@@ -50,7 +52,7 @@ type config struct {
 
 	pullSecrets    []types.NamespacedName
 	autoscalerTLS  *types.NamespacedName
-	apiServer      *projection.APIServer
+	apiServer      *validate.APIServer
 	tlsMountPath   string
 	recyclePending bool
 	prune          bool
@@ -146,7 +148,7 @@ func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *fl
 	fs.Var(&r.pullSecrets, "pull-secret", "registry Secret NAMESPACE/NAME every Ray pod lists in imagePullSecrets (repeatable)")
 	fs.StringVar(&r.autoscalerTLS, "autoscaler-tls-secret", "", "client certificate Secret NAMESPACE/NAME (tls.crt, tls.key, optional ca.crt) for Ray's autoscaler")
 	fs.StringVar(&r.apiServer, "autoscaler-api-server", "", "https://HOST[:PORT] the autoscaler uses to reach the Kubernetes API (optional)")
-	fs.StringVar(&c.tlsMountPath, "autoscaler-tls-mount-path", projection.DefaultTLSMountPath, "where the autoscaler container mounts the client certificate")
+	fs.StringVar(&c.tlsMountPath, "autoscaler-tls-mount-path", podtemplate.DefaultTLSMountPath, "where the autoscaler container mounts the client certificate")
 	fs.BoolVar(&c.recyclePending, "recycle-pending-pods", true, "delete Ray pods that never started and lack raysync's entries, so KubeRay recreates them")
 	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
 	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
@@ -296,7 +298,7 @@ func (c *config) validate(r *rawFlags) error {
 		if c.autoscalerTLS == nil {
 			return errors.New("--autoscaler-api-server needs --autoscaler-tls-secret")
 		}
-		api, err := projection.ParseAPIServer(r.apiServer)
+		api, err := validate.ParseAPIServer(r.apiServer)
 		if err != nil {
 			return fmt.Errorf("--autoscaler-api-server: %v", err)
 		}

@@ -97,7 +97,7 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 		out, dir string
 		args     []string
 	}{
-		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w"+ldflags, "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
+		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w" + ldflags, "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
 		{b.APIServer, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.APIServer + ".tmp", "k8s.io/kubernetes/cmd/kube-apiserver"}},
 		{b.ControllerManager, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.ControllerManager + ".tmp", "k8s.io/kubernetes/cmd/kube-controller-manager"}},
 	}

@@ -24,23 +24,24 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/projection"
 )
 
-type stub struct{ ops []projection.PatchOp }
+type stub struct{ ops []podtemplate.PatchOp }
 
-func (s stub) Pod(context.Context, string, []byte) ([]projection.PatchOp, string, string) {
+func (s stub) Pod(context.Context, string, []byte) ([]podtemplate.PatchOp, string, string) {
 	if len(s.ops) == 0 {
 		return nil, projection.AdmitUnchanged, ""
 	}
 	return s.ops, projection.AdmitMutated, ""
 }
-func (s stub) Secret(context.Context, string, []byte) ([]projection.PatchOp, string, string) {
+func (s stub) Secret(context.Context, string, []byte) ([]podtemplate.PatchOp, string, string) {
 	return nil, projection.AdmitSkipped, "x"
 }
 
 func TestHandlerAlwaysAllows(t *testing.T) {
-	ops := []projection.PatchOp{{Op: "add", Path: "/spec/imagePullSecrets", Value: []any{map[string]any{"name": "regcred"}}}}
+	ops := []podtemplate.PatchOp{{Op: "add", Path: "/spec/imagePullSecrets", Value: []any{map[string]any{"name": "regcred"}}}}
 	m := metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} })
 	h := Handler(stub{ops: ops}, m, zap.NewNop())
 	review := func(path string, op admissionv1.Operation) (*http.Response, admissionv1.AdmissionReview) {

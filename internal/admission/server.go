@@ -14,6 +14,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/podtemplate"
 	"github.com/raysync/raysync/internal/projection"
 )
 
@@ -28,8 +29,8 @@ const maxReview = 8 << 20
 
 // Decider decides what a pod or a Secret being created gets (projection.Admitter).
 type Decider interface {
-	Pod(ctx context.Context, ns string, raw []byte) ([]projection.PatchOp, string, string)
-	Secret(ctx context.Context, ns string, raw []byte) ([]projection.PatchOp, string, string)
+	Pod(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
+	Secret(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
 }
 
 // Handler answers AdmissionReview requests for pods and Secrets.
@@ -42,7 +43,7 @@ func Handler(a Decider, m *metrics.Metrics, log *zap.Logger) http.Handler {
 
 type review struct {
 	resource string
-	decide   func(ctx context.Context, ns string, raw []byte) ([]projection.PatchOp, string, string)
+	decide   func(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
 	m        *metrics.Metrics
 	log      *zap.Logger
 }
@@ -67,7 +68,7 @@ func (h *review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	result, reason := projection.AdmitUnchanged, "not a CREATE"
 	if req.Operation == admissionv1.Create {
-		var ops []projection.PatchOp
+		var ops []podtemplate.PatchOp
 		ops, result, reason = h.decide(r.Context(), req.Namespace, req.Object.Raw)
 		if len(ops) > 0 {
 			if patch, err := json.Marshal(ops); err == nil {

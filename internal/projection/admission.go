@@ -3,8 +3,6 @@ package projection
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -13,22 +11,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // Admission: what a Ray pod, or a new cluster's auth Secret, carries when it is created. The webhook
 // (internal/admission) asks on every replica; the answers come from the caches and the same pure code
 // as the template patch, with no API call, and never reject: what raysync cannot decide is admitted
 // as it is, and the controller repairs it as it would without the webhook.
-
-// PatchOp is one RFC 6902 JSON Patch operation.
-type PatchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value"`
-}
 
 // Admission outcomes, for the metrics (label result) and the logs.
 const (
@@ -96,7 +87,7 @@ func (a *Admitter) cluster(ctx context.Context, ns, name string) (*unstructured.
 }
 
 // Pod decides the patch for a Ray pod being created in ns (raw is the pod's JSON).
-func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []PatchOp, result, reason string) {
+func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtemplate.PatchOp, result, reason string) {
 	var pod map[string]any
 	if err := json.Unmarshal(raw, &pod); err != nil {
 		return nil, AdmitInvalid, "pod is not a JSON object"
@@ -112,7 +103,7 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []PatchO
 	now := a.now()
 	in := a.gather.cluster(rc, a.sources(now), now)
 	tc, _, _ := podTemplateConfig(in, &ClusterPlan{})
-	ops, err := podPatch(pod, tc, Autoscaling(rc))
+	ops, err := podtemplate.PodPatch(pod, tc, podtemplate.Autoscaling(rc))
 	switch {
 	case err != nil:
 		return nil, AdmitInvalid, err.Error()
@@ -122,52 +113,10 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []PatchO
 	return ops, AdmitMutated, ""
 }
 
-// podPatch adds tc's entries to a pod (its spec and its autoscaler container), and returns them as
-// operations that replace only the lists raysync changed, with every entry they held kept.
-func podPatch(pod map[string]any, tc TemplateConfig, autoscaling bool) ([]PatchOp, error) {
-	spec, err := objectAt(pod, false, "spec")
-	if err != nil || spec == nil {
-		return nil, fmt.Errorf("pod spec unreadable")
-	}
-	containers, err := namedList(spec, "containers")
-	if err != nil {
-		return nil, err
-	}
-	// The entries are edited in place: compare with deep copies, or a corrected entry compares equal.
-	before := map[string]any{}
-	for _, f := range []string{"imagePullSecrets", "volumes"} {
-		before[f] = runtime.DeepCopyJSONValue(spec[f])
-	}
-	if _, err := pullEntries(spec, tc.PullSecrets, true); err != nil {
-		return nil, err
-	}
-	var ops []PatchOp
-	auto := slices.IndexFunc(containers, func(c any) bool { return c.(map[string]any)["name"] == AutoscalerContainer })
-	if tc.TLS != nil && autoscaling && auto >= 0 {
-		c := containers[auto].(map[string]any)
-		mounts, env := runtime.DeepCopyJSONValue(c["volumeMounts"]), runtime.DeepCopyJSONValue(c["env"])
-		if _, err := tlsEntries(spec, c, tc.TLS, true); err != nil {
-			return nil, err
-		}
-		for f, old := range map[string]any{"volumeMounts": mounts, "env": env} {
-			if !reflect.DeepEqual(old, c[f]) {
-				ops = append(ops, PatchOp{Op: "add", Path: fmt.Sprintf("/spec/containers/%d/%s", auto, f), Value: c[f]})
-			}
-		}
-	}
-	for _, f := range []string{"imagePullSecrets", "volumes"} {
-		if !reflect.DeepEqual(before[f], spec[f]) {
-			ops = append(ops, PatchOp{Op: "add", Path: "/spec/" + f, Value: spec[f]})
-		}
-	}
-	slices.SortFunc(ops, func(a, b PatchOp) int { return strings.Compare(a.Path, b.Path) })
-	return ops, nil
-}
-
 // Secret decides the patch for a Secret being created in ns: KubeRay's generated auth Secret of an
 // in-scope cluster is born with the canonical token, unless containers of that cluster may already
 // run on another token (KubeRay re-creating a deleted Secret).
-func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []PatchOp, result, reason string) {
+func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []podtemplate.PatchOp, result, reason string) {
 	var s corev1.Secret
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, AdmitInvalid, "Secret unreadable"
@@ -199,9 +148,9 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []Pat
 	}
 	want := withToken(&s, src.value, a.gather.cfg.Source, now)
 	if s.Data == nil {
-		ops = append(ops, PatchOp{Op: "add", Path: "/data", Value: map[string][]byte{}})
+		ops = append(ops, podtemplate.PatchOp{Op: "add", Path: "/data", Value: map[string][]byte{}})
 	}
-	ops = append(ops, PatchOp{Op: "add", Path: "/data/" + kuberay.AuthTokenKey, Value: want.Data[kuberay.AuthTokenKey]},
-		PatchOp{Op: "add", Path: "/metadata/annotations", Value: want.Annotations})
+	ops = append(ops, podtemplate.PatchOp{Op: "add", Path: "/data/" + kuberay.AuthTokenKey, Value: want.Data[kuberay.AuthTokenKey]},
+		podtemplate.PatchOp{Op: "add", Path: "/metadata/annotations", Value: want.Annotations})
 	return ops, AdmitMutated, ""
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // admissionHarness: a controller's caches holding c1 (autoscaling), with a pull secret and the
@@ -25,7 +26,7 @@ func admissionHarness(t *testing.T, clusters []*unstructured.Unstructured, objs 
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "client-tls"}
 	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
-	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: DefaultTLSMountPath}}
+	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: podtemplate.DefaultTLSMountPath}}
 	h := newDryRunHarness(t, false, cfg, clusters, append([]runtime.Object{pullSecretSource(), tlsSecret}, objs...)...)
 	a := h.ctrl.Admitter()
 	a.Wait = 50 * time.Millisecond
@@ -57,22 +58,22 @@ func TestAdmitPod(t *testing.T) {
 	head := map[string]any{"name": "ray-head", "image": "registry.example/ray:1"}
 	auto := map[string]any{"name": "autoscaler", "image": "registry.example/ray:1", "env": []any{map[string]any{"name": "THEIRS", "value": "x"}}}
 	tlsEnv := []any{map[string]any{"name": "THEIRS", "value": "x"},
-		map[string]any{"name": EnvClientCertPath, "value": DefaultTLSMountPath + "/tls.crt"},
-		map[string]any{"name": EnvClientKeyPath, "value": DefaultTLSMountPath + "/tls.key"}}
-	pull := PatchOp{Op: "add", Path: "/spec/imagePullSecrets", Value: []any{map[string]any{"name": "theirs"}, map[string]any{"name": "regcred"}}}
+		map[string]any{"name": podtemplate.EnvClientCertPath, "value": podtemplate.DefaultTLSMountPath + "/tls.crt"},
+		map[string]any{"name": podtemplate.EnvClientKeyPath, "value": podtemplate.DefaultTLSMountPath + "/tls.key"}}
+	pull := podtemplate.PatchOp{Op: "add", Path: "/spec/imagePullSecrets", Value: []any{map[string]any{"name": "theirs"}, map[string]any{"name": "regcred"}}}
 	tests := map[string]struct {
 		clusters   []*unstructured.Unstructured
 		pod        []byte
-		want       []PatchOp
+		want       []podtemplate.PatchOp
 		result     string
 		wantReason string
 	}{
 		"autoscaling head: pull secret, volume, mount and env, theirs kept": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", autoscaling)},
 			pod:      podJSON(t, "c1", head, auto),
-			want: []PatchOp{
+			want: []podtemplate.PatchOp{
 				{Op: "add", Path: "/spec/containers/1/env", Value: tlsEnv},
-				{Op: "add", Path: "/spec/containers/1/volumeMounts", Value: []any{map[string]any{"name": names.TLSVolumeName, "mountPath": DefaultTLSMountPath, "readOnly": true}}},
+				{Op: "add", Path: "/spec/containers/1/volumeMounts", Value: []any{map[string]any{"name": names.TLSVolumeName, "mountPath": podtemplate.DefaultTLSMountPath, "readOnly": true}}},
 				pull,
 				{Op: "add", Path: "/spec/volumes", Value: []any{map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": "client-tls"}}}},
 			},
@@ -81,7 +82,7 @@ func TestAdmitPod(t *testing.T) {
 		"worker of a cluster without autoscaling: pull secret only": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			pod:      podJSON(t, "c1", map[string]any{"name": "ray-worker"}),
-			want:     []PatchOp{pull}, result: AdmitMutated,
+			want:     []podtemplate.PatchOp{pull}, result: AdmitMutated,
 		},
 		"cluster raysync does not know: unchanged, and why": {
 			pod: podJSON(t, "gone", head), result: AdmitSkipped, wantReason: "RayCluster not in raysync's cache",

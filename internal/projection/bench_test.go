@@ -15,44 +15,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // Benchmarks of the hot pure functions (go test -bench . ./internal/projection).
-
-func BenchmarkValidateToken(b *testing.B) {
-	s := sourceSecret(strings.Repeat("t", 44))
-	for b.Loop() {
-		if _, err := ValidateToken(s, "auth_token"); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
 
 func BenchmarkTokenTargetFor(b *testing.B) {
 	rc := rayCluster("ml-inference-abcde")
 	for b.Loop() {
 		if _, ok, _ := TokenTargetFor(rc, tokenSrc); !ok {
 			b.Fatal("not a target")
-		}
-	}
-}
-
-func BenchmarkDesiredTemplates(b *testing.B) {
-	rc := templatedCluster("c", autoscaling)
-	cfg := TemplateConfig{PullSecrets: []string{"regcred"}, TLS: &TLSTemplate{SecretName: "tls", MountPath: DefaultTLSMountPath, HasCA: true}}
-	for b.Loop() {
-		if _, changed, err := desiredTemplates(rc, cfg); err != nil || !changed {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkValidateAutoscalerTLS(b *testing.B) {
-	crt, key := testCert(b)
-	s := &corev1.Secret{Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
-	for b.Loop() {
-		if _, err := ValidateAutoscalerTLS(s, time.Now()); err != nil {
-			b.Fatal(err)
 		}
 	}
 }
@@ -83,8 +55,8 @@ func scrapeFleet(b *testing.B) *harness {
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "autoscaler-tls"}
 	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
-	pods := PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: DefaultTLSMountPath}
-	cfg := TemplateConfig{PullSecrets: []string{pullSource.Name}, TLS: &TLSTemplate{SecretName: tlsSrc.Name, MountPath: DefaultTLSMountPath}}
+	pods := PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: podtemplate.DefaultTLSMountPath}
+	cfg := podtemplate.Config{PullSecrets: []string{pullSource.Name}, TLS: &podtemplate.TLS{SecretName: tlsSrc.Name, MountPath: podtemplate.DefaultTLSMountPath}}
 	env := make([]any, 40)
 	for i := range env {
 		env[i] = map[string]any{"name": fmt.Sprintf("VAR_%d", i), "value": strings.Repeat("v", 20)}
@@ -112,7 +84,7 @@ func scrapeFleet(b *testing.B) *harness {
 		}
 		spec["workerGroupSpecs"] = groups
 		spec["autoscalerOptions"] = map[string]any{"env": runtime.DeepCopyJSONValue(env)}
-		rc, _, err := desiredTemplates(rc, cfg)
+		rc, _, err := podtemplate.Desired(rc, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -122,8 +94,8 @@ func scrapeFleet(b *testing.B) *harness {
 			pod := rayPod(name+"-"+p, name, running, withPullSecret)
 			pod.UID = types.UID("uid-" + pod.Name)
 			if p == "head" {
-				pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: AutoscalerContainer,
-					Env: []corev1.EnvVar{{Name: EnvClientCertPath, Value: DefaultTLSMountPath + "/tls.crt"}}})
+				pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: podtemplate.AutoscalerContainer,
+					Env: []corev1.EnvVar{{Name: podtemplate.EnvClientCertPath, Value: podtemplate.DefaultTLSMountPath + "/tls.crt"}}})
 				pod.Spec.Volumes = []corev1.Volume{{Name: names.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: tlsSrc.Name}}}}
 			}
 			objs = append(objs, pod)
@@ -181,7 +153,7 @@ func BenchmarkAdmitPod(b *testing.B) {
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "client-tls"}
 	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
-	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: DefaultTLSMountPath}}
+	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: podtemplate.DefaultTLSMountPath}}
 	h := newDryRunHarness(b, false, cfg, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token), pullSecretSource(), tlsSecret)
 	a := h.ctrl.Admitter()
 	raw := []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},

@@ -1,17 +1,3 @@
-// Package projection decides what every in-scope RayCluster's targets must hold and makes it so,
-// in three steps that each live in their own file:
-//
-//   - gather.go reads everything one decision needs from the informer caches into an input (no API calls);
-//   - the planners decide, as pure functions of that input (no clients, no clock, no logs, no metrics):
-//     token.go (the auth Secret), copies.go (managed copies and pruning), templates.go and pods.go
-//     (pull secrets and autoscaler TLS on pod templates and pods), composed in plan.go; rotation.go
-//     says where a running cluster stands with its token, and wave.go (with wave_patches.go) decides
-//     the fleet's replacements and restarts, numbered by the ledger (ledger.go);
-//   - apply.go (and apply_rotation.go) executes the planned actions with preconditions; it holds
-//     every API write.
-//
-// controller.go runs the work queue around them; status.go turns the same plans into the state that
-// metrics and `syncer status` report, so what raysync does and what it reports are one decision.
 package projection
 
 import (
@@ -23,6 +9,8 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Config is what raysync is told to do (the command line, validated).
@@ -50,7 +38,7 @@ type Config struct {
 type PodOptions struct {
 	PullSecrets    []types.NamespacedName
 	AutoscalerTLS  *types.NamespacedName
-	APIServer      *APIServer
+	APIServer      *validate.APIServer
 	MountPath      string
 	RecyclePending bool
 	AllowRecreate  bool
@@ -69,7 +57,7 @@ func (c Config) withDefaults() Config {
 		c.SourceKey = kuberay.AuthTokenKey
 	}
 	if c.Pods.MountPath == "" {
-		c.Pods.MountPath = DefaultTLSMountPath
+		c.Pods.MountPath = podtemplate.DefaultTLSMountPath
 	}
 	if c.ClusterSelector == nil {
 		c.ClusterSelector = labels.Everything()

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/raysync/raysync/internal/informer"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/metrics"
 )
 
@@ -203,13 +204,13 @@ func (c *Controller) syncSource(ctx context.Context, name types.NamespacedName) 
 		return nil
 	}
 	cur, _ := c.caches.Source(c.cfg.Ledger)
-	next, changed := sources.ledger.observed(sources.token.digest, now)
+	next, changed := sources.ledger.Observed(sources.token.digest, now)
 	if !changed {
 		return nil
 	}
-	act := Action(UpdateSecret{Secret: desiredLedger(c.cfg.Ledger, cur, next)})
+	act := Action(UpdateSecret{Secret: ledger.Desired(c.cfg.Ledger, cur, next)})
 	if cur == nil {
-		act = CreateSecret{Secret: desiredLedger(c.cfg.Ledger, nil, next)}
+		act = CreateSecret{Secret: ledger.Desired(c.cfg.Ledger, nil, next)}
 	}
 	c.log.Info("new canonical token: rotation recorded in the ledger", zap.Int("rotation", next[len(next)-1].ID),
 		zap.String("ledger", c.cfg.Ledger.String()))

@@ -15,12 +15,13 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // Pull secrets and autoscaler TLS through the controller, over client-go fakes.
 
 func TestSyncPodConfig(t *testing.T) {
-	fixed, _, _ := desiredTemplates(templatedCluster("c1"), TemplateConfig{PullSecrets: []string{"regcred"}})
+	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
 	recreate := func(rc *unstructured.Unstructured) {
 		_ = unstructured.SetNestedField(rc.Object, "Recreate", "spec", "upgradeStrategy", "type")
 	}
@@ -112,7 +113,7 @@ func TestTemplateReappliedAfterWipe(t *testing.T) {
 	h.sync(t, "c1")
 	waitFor(t, func() bool {
 		rc, _ := h.ctrl.caches.RayCluster(ns, "c1")
-		_, ch, _ := desiredTemplates(rc, TemplateConfig{PullSecrets: []string{"regcred"}})
+		_, ch, _ := podtemplate.Desired(rc, podtemplate.Config{PullSecrets: []string{"regcred"}})
 		return !ch
 	})
 	if v := testutilValue(h.metrics.TemplateReapplied); v != 0 {
@@ -127,7 +128,7 @@ func TestTemplateReappliedAfterWipe(t *testing.T) {
 	}
 	waitFor(t, func() bool {
 		rc, _ := h.ctrl.caches.RayCluster(ns, "c1")
-		_, ch, _ := desiredTemplates(rc, TemplateConfig{PullSecrets: []string{"regcred"}})
+		_, ch, _ := podtemplate.Desired(rc, podtemplate.Config{PullSecrets: []string{"regcred"}})
 		return ch
 	})
 	h.sync(t, "c1")
@@ -179,7 +180,7 @@ func TestPruneManagedPodCopies(t *testing.T) {
 // A running pod lacking raysync's entries is counted once in raysync_pods_started_without_config_total,
 // however often the cluster is reconciled.
 func TestPodsStartedWithoutConfigCountedOnce(t *testing.T) {
-	fixed, _, _ := desiredTemplates(templatedCluster("c1"), TemplateConfig{PullSecrets: []string{"regcred"}})
+	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
 	managedCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
 		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
 		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},

@@ -12,7 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // The rotation invariant and the webhook at their edges: Secrets several clusters read, restarts a
@@ -115,7 +118,7 @@ func TestRotateRequestForACurrentClusterIsDropped(t *testing.T) {
 }
 
 // The ledger: rotation 5 (oldToken) 30 days ago, 6 (midToken) 10 days ago, 7 (token) 3 hours ago.
-var history = ledger{
+var history = ledger.Ledger{
 	{ID: 5, Digest: tokenDigest([]byte(oldToken)), FirstSeen: planNow.Add(-30 * 24 * time.Hour)},
 	{ID: 6, Digest: tokenDigest([]byte(midToken)), FirstSeen: planNow.Add(-10 * 24 * time.Hour)},
 	rotated,
@@ -279,7 +282,7 @@ func TestWebhookNeverReferencesASecretRaysyncDoesNotManage(t *testing.T) {
 func TestWebhookCorrectsStaleEntries(t *testing.T) {
 	a := admissionHarness(t, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token))
 	auto := map[string]any{"name": "autoscaler", "image": "registry.example/ray:1",
-		"env":          []any{map[string]any{"name": EnvClientCertPath, "value": "/old/tls.crt"}, map[string]any{"name": EnvClientKeyPath, "value": "/old/tls.key"}},
+		"env":          []any{map[string]any{"name": podtemplate.EnvClientCertPath, "value": "/old/tls.crt"}, map[string]any{"name": podtemplate.EnvClientKeyPath, "value": "/old/tls.key"}},
 		"volumeMounts": []any{map[string]any{"name": names.TLSVolumeName, "mountPath": "/old", "readOnly": true}}}
 	raw := podJSON(t, "c1", map[string]any{"name": "ray-head"}, auto)
 	var pod map[string]any
@@ -289,10 +292,10 @@ func TestWebhookCorrectsStaleEntries(t *testing.T) {
 	spec["volumes"] = []any{map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": "renamed-away"}}}
 	raw, _ = json.Marshal(pod)
 	ops, result, _ := a.Pod(context.Background(), ns, raw)
-	want := []PatchOp{
-		{Op: "add", Path: "/spec/containers/1/env", Value: []any{map[string]any{"name": EnvClientCertPath, "value": DefaultTLSMountPath + "/tls.crt"},
-			map[string]any{"name": EnvClientKeyPath, "value": DefaultTLSMountPath + "/tls.key"}}},
-		{Op: "add", Path: "/spec/containers/1/volumeMounts", Value: []any{map[string]any{"name": names.TLSVolumeName, "mountPath": DefaultTLSMountPath, "readOnly": true}}},
+	want := []podtemplate.PatchOp{
+		{Op: "add", Path: "/spec/containers/1/env", Value: []any{map[string]any{"name": podtemplate.EnvClientCertPath, "value": podtemplate.DefaultTLSMountPath + "/tls.crt"},
+			map[string]any{"name": podtemplate.EnvClientKeyPath, "value": podtemplate.DefaultTLSMountPath + "/tls.key"}}},
+		{Op: "add", Path: "/spec/containers/1/volumeMounts", Value: []any{map[string]any{"name": names.TLSVolumeName, "mountPath": podtemplate.DefaultTLSMountPath, "readOnly": true}}},
 		{Op: "add", Path: "/spec/volumes", Value: []any{map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": "client-tls"}}}},
 	}
 	if diff := cmp.Diff(want, ops); diff != "" || result != AdmitMutated {
@@ -302,19 +305,19 @@ func TestWebhookCorrectsStaleEntries(t *testing.T) {
 
 // A running pod counts as stale when any entry raysync owns is wrong, not only the cert path.
 func TestRunningPodWithAStaleAutoscalerEntryIsReported(t *testing.T) {
-	srv := &APIServer{Host: "https://proxy.example", Port: 6443}
-	tlsT := TLSTemplate{SecretName: "client-tls", MountPath: DefaultTLSMountPath, APIServer: srv}.prepared()
+	srv := &validate.APIServer{Host: "https://proxy.example", Port: 6443}
+	tlsT := podtemplate.TLS{SecretName: "client-tls", MountPath: podtemplate.DefaultTLSMountPath, APIServer: srv}.Prepared()
 	pod := &corev1.Pod{Spec: corev1.PodSpec{
 		Volumes: []corev1.Volume{{Name: names.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "client-tls"}}}},
-		Containers: []corev1.Container{{Name: AutoscalerContainer,
-			VolumeMounts: []corev1.VolumeMount{{Name: names.TLSVolumeName, MountPath: DefaultTLSMountPath, ReadOnly: true}},
-			Env: []corev1.EnvVar{{Name: EnvClientCertPath, Value: DefaultTLSMountPath + "/tls.crt"}, {Name: EnvClientKeyPath, Value: DefaultTLSMountPath + "/tls.key"},
-				{Name: EnvServiceHost, Value: "https://old-proxy.example"}, {Name: EnvServicePortHTTPS, Value: "6443"}}}}}}
-	if got := podMissing(pod, TemplateConfig{TLS: tlsT}, true); !cmp.Equal(got, []string{names.StaleAutoscalerTLS}) {
+		Containers: []corev1.Container{{Name: podtemplate.AutoscalerContainer,
+			VolumeMounts: []corev1.VolumeMount{{Name: names.TLSVolumeName, MountPath: podtemplate.DefaultTLSMountPath, ReadOnly: true}},
+			Env: []corev1.EnvVar{{Name: podtemplate.EnvClientCertPath, Value: podtemplate.DefaultTLSMountPath + "/tls.crt"}, {Name: podtemplate.EnvClientKeyPath, Value: podtemplate.DefaultTLSMountPath + "/tls.key"},
+				{Name: podtemplate.EnvServiceHost, Value: "https://old-proxy.example"}, {Name: podtemplate.EnvServicePortHTTPS, Value: "6443"}}}}}}
+	if got := podMissing(pod, podtemplate.Config{TLS: tlsT}, true); !cmp.Equal(got, []string{names.StaleAutoscalerTLS}) {
 		t.Errorf("missing %v, want autoscaler_tls (KUBERNETES_SERVICE_HOST is stale)", got)
 	}
 	pod.Spec.Containers[0].Env[2].Value = srv.Host
-	if got := podMissing(pod, TemplateConfig{TLS: tlsT}, true); len(got) != 0 {
+	if got := podMissing(pod, podtemplate.Config{TLS: tlsT}, true); len(got) != 0 {
 		t.Errorf("missing %v for a pod with every entry right", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/cert"
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
@@ -191,3 +192,14 @@ func podOwnedBy(cluster string) func(*corev1.Pod) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// testCert returns a PEM certificate (chain) and key valid from an hour ago for a day, made with
+// client-go's certificate helpers.
+func testCert(t testing.TB) (certPEM, keyPEM []byte) {
+	t.Helper()
+	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKeyWithOptions(cert.SelfSignedCertKeyOptions{Host: "ray-autoscaler", MaxAge: 25 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certPEM, keyPEM
+}

@@ -31,20 +31,20 @@ func TestMemoryChangesNoWrite(t *testing.T) {
 		rc   *unstructured.Unstructured
 		opts []func(*ClusterInput)
 	}{
-		"new cluster, no Secret":                             {cfg: tokenOnly, rc: rayCluster("c1")},
-		"KubeRay's random token, no pod":                     {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberays)}},
-		"in sync, running":                                   {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(marked(token)), pods(late)}},
-		"changed under containers started after the write":   {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(marked(oldToken)), pods(late)}},
-		"changed under containers started before the write":  {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(marked(oldToken)), pods(early)}},
-		"deleted under containers on the current token":      {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(late)}},
-		"deleted under containers on an older token":         {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(early)}},
-		"KubeRay's token under late containers":              {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberays), pods(late)}},
-		"a foreign Secret of the target's name":              {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){foreign("c1")}},
-		"a shared managed copy, running":                     {cfg: tokenOnly, rc: rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"})), opts: []func(*ClusterInput){target(secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)), pods(early)}},
-		"templates without the pull secret":                  {cfg: pull, rc: templatedCluster("c1", resourceVersion("7")), opts: []func(*ClusterInput){copies(pullCopy())}},
-		"templates without the pull secret, a pending pod":   {cfg: pull, rc: templatedCluster("c1", resourceVersion("7")), opts: []func(*ClusterInput){copies(pullCopy()), pods(rayPod("p1", "c1", createdAt(planNow.Add(-time.Minute))))}},
-		"templates without the pull secret, a running pod":   {cfg: pull, rc: templatedCluster("c1", resourceVersion("7")), opts: []func(*ClusterInput){copies(pullCopy()), pods(startedPod("p1", "c1", planNow.Add(-time.Minute)))}},
-		"an unreadable authOptions":                          {cfg: tokenOnly, rc: rayCluster("c1", withAuth("token"))},
+		"new cluster, no Secret":                            {cfg: tokenOnly, rc: rayCluster("c1")},
+		"KubeRay's random token, no pod":                    {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberays)}},
+		"in sync, running":                                  {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(marked(token)), pods(late)}},
+		"changed under containers started after the write":  {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(marked(oldToken)), pods(late)}},
+		"changed under containers started before the write": {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(marked(oldToken)), pods(early)}},
+		"deleted under containers on the current token":     {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(late)}},
+		"deleted under containers on an older token":        {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(early)}},
+		"KubeRay's token under late containers":             {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberays), pods(late)}},
+		"a foreign Secret of the target's name":             {cfg: tokenOnly, rc: rayCluster("c1"), opts: []func(*ClusterInput){foreign("c1")}},
+		"a shared managed copy, running":                    {cfg: tokenOnly, rc: rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"})), opts: []func(*ClusterInput){target(secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)), pods(early)}},
+		"templates without the pull secret":                 {cfg: pull, rc: templatedCluster("c1", resourceVersion("7")), opts: []func(*ClusterInput){copies(pullCopy())}},
+		"templates without the pull secret, a pending pod":  {cfg: pull, rc: templatedCluster("c1", resourceVersion("7")), opts: []func(*ClusterInput){copies(pullCopy()), pods(rayPod("p1", "c1", createdAt(planNow.Add(-time.Minute))))}},
+		"templates without the pull secret, a running pod":  {cfg: pull, rc: templatedCluster("c1", resourceVersion("7")), opts: []func(*ClusterInput){copies(pullCopy()), pods(startedPod("p1", "c1", planNow.Add(-time.Minute)))}},
+		"an unreadable authOptions":                         {cfg: tokenOnly, rc: rayCluster("c1", withAuth("token"))},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // Action is one step of a plan. apply.go executes a plan's actions in order and stops at the first
@@ -97,8 +98,8 @@ type ClusterInput struct {
 	Owner *unstructured.Unstructured
 	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.
 	targetName string
-	// drift checks the pod templates: templateDrift when nil, or the Reporter's memo of it (same answers).
-	drift func(*unstructured.Unstructured, TemplateConfig) (drift, error)
+	// drift checks the pod templates: podtemplate.Drift when nil, or the Reporter's memo of it (same answers).
+	drift func(*unstructured.Unstructured, podtemplate.Config) (podtemplate.Missing, error)
 }
 
 // ClusterPlan is the decision for one RayCluster: what to do, and where it stands.

@@ -11,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Planner tests: a ClusterInput in, the exact actions (objects, patches, Event reasons and
@@ -218,7 +220,7 @@ func TestPlanPrune(t *testing.T) {
 			setPath([]any{map[string]any{"name": "old-regcred"}}, "spec", "workerGroupSpecs"))}, copies: []*corev1.Secret{copyNamed("old-regcred")}, want: []string{"old-regcred"}},
 		"a malformed cluster: keep everything": {clusters: []*unstructured.Unstructured{rayCluster("c", withAuth("x"))}, copies: []*corev1.Secret{copyNamed("a")}},
 		"not labelled managed: never":          {copies: []*corev1.Secret{secret(ns, "a", nil)}},
-		"the rotation ledger: never":           {copies: []*corev1.Secret{desiredLedger(types.NamespacedName{Namespace: ns, Name: "raysync-rotations"}, nil, nil)}},
+		"the rotation ledger: never":           {copies: []*corev1.Secret{ledger.Desired(types.NamespacedName{Namespace: ns, Name: "raysync-rotations"}, nil, nil)}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -240,7 +242,7 @@ func TestPlanPrune(t *testing.T) {
 func TestObserveSource(t *testing.T) {
 	valid := func(v string) source {
 		s := source{kind: names.KindAuthToken, secret: sourceSecret(v)}
-		s.value, s.err = ValidateToken(s.secret, kuberay.AuthTokenKey)
+		s.value, s.err = validate.Token(s.secret, kuberay.AuthTokenKey)
 		return s
 	}
 	first := observeSource(sourceMemory{}, valid("a"), kuberay.AuthTokenKey)

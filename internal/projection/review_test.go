@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // Tests for the defects of issue 11's review. Each failed before its fix.
@@ -55,7 +56,7 @@ func TestPruneKeepsCopiesUnselectedClustersReference(t *testing.T) {
 // Defect 4: a pod whose init containers run has started; pods raysync does not see controlled by the
 // cluster are never deleted.
 func TestPodsThatMustNotBeRecycled(t *testing.T) {
-	fixed, _, _ := desiredTemplates(templatedCluster("c1"), TemplateConfig{PullSecrets: []string{"regcred"}})
+	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
 	copyOfPull := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
 		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
 		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
@@ -163,7 +164,7 @@ func TestCopiesOfAnEarlierSourceFollowTheCurrentOne(t *testing.T) {
 
 // Defect 7: a pull-secret source that changes type gets its copies replaced (a Secret's type is immutable).
 func TestPullSecretTypeChangeReplacesCopy(t *testing.T) {
-	fixed, _, _ := desiredTemplates(templatedCluster("c1"), TemplateConfig{PullSecrets: []string{"regcred"}})
+	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
 	oldCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns, UID: "u-regcred", ResourceVersion: "7",
 		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
 		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},

@@ -11,7 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // sourceView is what the configured sources hold at one moment, validated once and shared by every
@@ -21,8 +24,8 @@ type sourceView struct {
 	pull  []source
 	tls   *source // nil when no client certificate is configured
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
-	ledger   ledger
-	rotation rotation
+	ledger   ledger.Ledger
+	rotation ledger.Rotation
 }
 
 // source is one configured source Secret as cached, and whether it can be used.
@@ -33,9 +36,9 @@ type source struct {
 	err    error          // why it cannot be used; nil when valid
 	value  []byte         // the token (auth_token kind only)
 	digest string         // tokenDigest(value) (auth_token kind only)
-	cert   AutoscalerTLS  // what the certificate says (autoscaler_tls kind only)
+	cert   validate.Cert  // what the certificate says (autoscaler_tls kind only)
 	// template is how a valid certificate is wired into a cluster's templates (autoscaler_tls kind only).
-	template *TLSTemplate
+	template *podtemplate.TLS
 }
 
 func (s source) valid() bool { return s.err == nil }
@@ -43,23 +46,23 @@ func (s source) valid() bool { return s.err == nil }
 // readSources validates every configured source as get returns it (nil: missing) at time now.
 func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now time.Time) *sourceView {
 	v := &sourceView{token: source{name: cfg.Source, kind: names.KindAuthToken, secret: get(cfg.Source)}}
-	v.token.value, v.token.err = ValidateToken(v.token.secret, cfg.SourceKey)
+	v.token.value, v.token.err = validate.Token(v.token.secret, cfg.SourceKey)
 	if v.token.valid() {
 		v.token.digest = tokenDigest(v.token.value)
 	}
 	if cfg.Ledger.Name != "" {
-		v.ledger = readLedger(get(cfg.Ledger))
-		v.rotation, _ = v.ledger.current(v.token.digest)
+		v.ledger = ledger.Read(get(cfg.Ledger))
+		v.rotation, _ = v.ledger.Current(v.token.digest)
 	}
 	for _, n := range cfg.Pods.PullSecrets {
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
-		s.err = ValidatePullSecret(s.secret)
+		s.err = validate.PullSecret(s.secret)
 		v.pull = append(v.pull, s)
 	}
 	if n := cfg.Pods.AutoscalerTLS; n != nil {
 		s := source{name: *n, kind: names.KindAutoscalerTLS, secret: get(*n)}
-		s.cert, s.err = ValidateAutoscalerTLS(s.secret, now)
-		s.template = TLSTemplate{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.prepared()
+		s.cert, s.err = validate.AutoscalerTLS(s.secret, now)
+		s.template = podtemplate.TLS{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.Prepared()
 		v.tls = &s
 	}
 	return v

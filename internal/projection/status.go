@@ -12,6 +12,7 @@ import (
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/metrics"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // Reporter says where every source and in-scope RayCluster stands, from the same plans the
@@ -28,8 +29,8 @@ type Reporter struct {
 // resourceVersion, and walking 1,000 clusters' templates on every scrape is most of its cost.
 type driftMemo struct {
 	resourceVersion string
-	cfg             TemplateConfig
-	drift           drift
+	cfg             podtemplate.Config
+	drift           podtemplate.Missing
 	err             error
 }
 
@@ -52,11 +53,11 @@ func (r *Reporter) Status() ([]metrics.SourceState, []ClusterStatus) {
 	prev := r.drifts
 	r.mu.Unlock()
 	next := make(map[types.UID]driftMemo, len(clusters))
-	memo := func(rc *unstructured.Unstructured, tc TemplateConfig) (drift, error) {
+	memo := func(rc *unstructured.Unstructured, tc podtemplate.Config) (podtemplate.Missing, error) {
 		m, ok := prev[rc.GetUID()]
 		if !ok || m.resourceVersion != rc.GetResourceVersion() || !sameTemplateConfig(m.cfg, tc) {
 			m = driftMemo{resourceVersion: rc.GetResourceVersion(), cfg: tc}
-			m.drift, m.err = templateDrift(rc, tc)
+			m.drift, m.err = podtemplate.Drift(rc, tc)
 		}
 		next[rc.GetUID()] = m
 		return m.drift, m.err
@@ -75,7 +76,7 @@ func (r *Reporter) Status() ([]metrics.SourceState, []ClusterStatus) {
 	return states, out
 }
 
-func sameTemplateConfig(a, b TemplateConfig) bool {
+func sameTemplateConfig(a, b podtemplate.Config) bool {
 	if !slices.Equal(a.PullSecrets, b.PullSecrets) || (a.TLS == nil) != (b.TLS == nil) {
 		return false
 	}

@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 func resourceVersion(rv string) func(*unstructured.Unstructured) {
@@ -34,7 +36,7 @@ func createdAt(t time.Time) func(*corev1.Pod) {
 func TestPlanPodConfig(t *testing.T) {
 	pull := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, RecyclePending: true}}
 	fixed := func(opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
-		rc, _, _ := desiredTemplates(templatedCluster("c1", append(opts, resourceVersion("7"))...), TemplateConfig{PullSecrets: []string{"regcred"}})
+		rc, _, _ := podtemplate.Desired(templatedCluster("c1", append(opts, resourceVersion("7"))...), podtemplate.Config{PullSecrets: []string{"regcred"}})
 		return rc
 	}
 	recreate := setPath("Recreate", "spec", "upgradeStrategy", "type")
@@ -178,7 +180,7 @@ func TestPlanAutoscalerTLS(t *testing.T) {
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "client-tls"}
 	src := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{"tls.crt": crt, "tls.key": key, "extra": []byte("never copied")}}
-	cfg := Config{Source: tokenSrc, Pods: PodOptions{AutoscalerTLS: &tlsSrc, APIServer: &APIServer{Host: "proxy.example", Port: 6443}}}
+	cfg := Config{Source: tokenSrc, Pods: PodOptions{AutoscalerTLS: &tlsSrc, APIServer: &validate.APIServer{Host: "proxy.example", Port: 6443}}}
 	rc := templatedCluster("c1", autoscaling, resourceVersion("9"))
 	got := planCluster(input(cfg, rc, []*corev1.Secret{sourceSecret(token), src}, target(secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1")))), cfg.withDefaults())
 	wantCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "client-tls", Namespace: ns,

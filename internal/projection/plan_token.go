@@ -58,7 +58,7 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 // planToken decides rc's token target: create it in KubeRay's shape (or as a managed copy), write
 // the canonical token into it while no container that reads it can have started, or refuse a Secret
 // raysync does not own. Once a container may have read it, the target keeps the token it holds: the
-// clusters reading it move to a new token only as a whole (rotation.go).
+// clusters reading it move to a new token only as a whole (plan_rotation.go).
 func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc, src := in.Cluster, in.Sources.token
 	t, ok, err := TokenTargetFor(rc, cfg.Source)

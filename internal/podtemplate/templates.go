@@ -1,4 +1,7 @@
-package projection
+// Package podtemplate puts raysync's entries (pull secrets, the autoscaler's client certificate) into a
+// RayCluster's pod templates and into Ray pods being created, and says which are missing. It reads and
+// edits the objects as unstructured data, never mutating what it was given.
+package podtemplate
 
 import (
 	"encoding/json"
@@ -10,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Ray's autoscaler reads these (seed 001; kuberay-facts.md), and where raysync mounts the certificate.
@@ -23,31 +27,31 @@ const (
 	DefaultTLSMountPath = "/etc/raysync/autoscaler-tls"
 )
 
-// TemplateConfig is what a cluster's templates must carry.
-type TemplateConfig struct {
+// Config is what a cluster's templates must carry.
+type Config struct {
 	// PullSecrets are Secret names (in the cluster's namespace) every Ray pod lists in imagePullSecrets.
 	PullSecrets []string
 	// TLS, when set, mounts the autoscaler's client certificate (only on autoscaling clusters).
-	TLS *TLSTemplate
+	TLS *TLS
 }
 
-// TLSTemplate describes the autoscaler client-TLS wiring.
-type TLSTemplate struct {
+// TLS describes the autoscaler client-TLS wiring.
+type TLS struct {
 	SecretName string // the copy in the cluster's namespace
 	MountPath  string
 	HasCA      bool
-	APIServer  *APIServer
+	APIServer  *validate.APIServer
 
-	entries []envEntry // envEntries(), computed once (see prepared)
+	entries []envEntry // envEntries(), computed once (see Prepared)
 }
 
-// prepared returns t with what every decision reads computed once: a template shared by many.
-func (t TLSTemplate) prepared() *TLSTemplate {
+// Prepared returns t with what every decision reads computed once: a template shared by many.
+func (t TLS) Prepared() *TLS {
 	t.entries = t.envEntries()
 	return &t
 }
 
-func (t *TLSTemplate) envEntries() []envEntry {
+func (t *TLS) envEntries() []envEntry {
 	if t.entries != nil {
 		return t.entries
 	}
@@ -59,13 +63,13 @@ func (t *TLSTemplate) envEntries() []envEntry {
 }
 
 // env is the autoscaler environment raysync sets, in a stable order.
-func (t *TLSTemplate) env() []corev1.EnvVar {
+func (t *TLS) env() []corev1.EnvVar {
 	env := []corev1.EnvVar{
-		{Name: EnvClientCertPath, Value: path.Join(t.MountPath, TLSCertKey)},
-		{Name: EnvClientKeyPath, Value: path.Join(t.MountPath, TLSKeyKey)},
+		{Name: EnvClientCertPath, Value: path.Join(t.MountPath, validate.TLSCertKey)},
+		{Name: EnvClientKeyPath, Value: path.Join(t.MountPath, validate.TLSKeyKey)},
 	}
 	if t.HasCA {
-		env = append(env, corev1.EnvVar{Name: EnvCACertPath, Value: path.Join(t.MountPath, TLSCAKey)})
+		env = append(env, corev1.EnvVar{Name: EnvCACertPath, Value: path.Join(t.MountPath, validate.TLSCAKey)})
 	}
 	if t.APIServer != nil {
 		env = append(env,
@@ -88,23 +92,24 @@ func RecreateStrategy(rc *unstructured.Unstructured) bool {
 	return v == "Recreate"
 }
 
-// drift says which of raysync's template entries are missing or wrong.
-type drift struct{ pull, tls bool }
+// Missing says which of raysync's template entries are missing or wrong.
+type Missing struct{ Pull, TLS bool }
 
-func (d drift) any() bool { return d.pull || d.tls }
+// Any reports whether anything is missing.
+func (d Missing) Any() bool { return d.Pull || d.TLS }
 
-// templateDrift checks rc's templates against cfg without copying or changing anything: what a
+// Drift checks rc's templates against cfg without copying or changing anything: what a
 // scrape and most reconciles need. Fields of the wrong type are an error, never a panic.
-func templateDrift(rc *unstructured.Unstructured, cfg TemplateConfig) (drift, error) {
+func Drift(rc *unstructured.Unstructured, cfg Config) (Missing, error) {
 	return templateEntries(rc.Object, cfg, false)
 }
 
-// desiredTemplates returns rc with raysync's entries in its templates (a copy; rc when nothing is
+// Desired returns rc with raysync's entries in its templates (a copy; rc when nothing is
 // missing) and whether that differs from rc. Only raysync's entries change: existing
 // imagePullSecrets, volumes, mounts and env are kept, and entries are never duplicated.
-func desiredTemplates(rc *unstructured.Unstructured, cfg TemplateConfig) (*unstructured.Unstructured, bool, error) {
+func Desired(rc *unstructured.Unstructured, cfg Config) (*unstructured.Unstructured, bool, error) {
 	d, err := templateEntries(rc.Object, cfg, false)
-	if err != nil || !d.any() {
+	if err != nil || !d.Any() {
 		return rc, false, err
 	}
 	out := rc.DeepCopy()
@@ -112,8 +117,8 @@ func desiredTemplates(rc *unstructured.Unstructured, cfg TemplateConfig) (*unstr
 	return out, true, err
 }
 
-// templatePatch is the JSON merge patch from rc to desired, with rc's resourceVersion as precondition.
-func templatePatch(rc, desired *unstructured.Unstructured) ([]byte, error) {
+// MergePatch is the JSON merge patch from rc to desired, with rc's resourceVersion as precondition.
+func MergePatch(rc, desired *unstructured.Unstructured) ([]byte, error) {
 	before, err := json.Marshal(rc.Object)
 	if err != nil {
 		return nil, err
@@ -136,8 +141,8 @@ func templatePatch(rc, desired *unstructured.Unstructured) ([]byte, error) {
 
 // templateEntries walks obj's pod templates and reports what of cfg is missing; with mutate it also
 // puts the entries in place (only ever on a copy).
-func templateEntries(obj map[string]any, cfg TemplateConfig, mutate bool) (drift, error) {
-	var d drift
+func templateEntries(obj map[string]any, cfg Config, mutate bool) (Missing, error) {
+	var d Missing
 	specs, err := podSpecs(obj, mutate)
 	if err != nil {
 		return d, err
@@ -147,7 +152,7 @@ func templateEntries(obj map[string]any, cfg TemplateConfig, mutate bool) (drift
 		if err != nil {
 			return d, err
 		}
-		d.pull = d.pull || c
+		d.Pull = d.Pull || c
 	}
 	autoscaling, _, _ := unstructured.NestedBool(obj, "spec", "enableInTreeAutoscaling")
 	if cfg.TLS == nil || !autoscaling {
@@ -157,7 +162,7 @@ func templateEntries(obj map[string]any, cfg TemplateConfig, mutate bool) (drift
 	if err != nil {
 		return d, err
 	}
-	d.tls, err = tlsEntries(specs[0], opts, cfg.TLS, mutate)
+	d.TLS, err = tlsEntries(specs[0], opts, cfg.TLS, mutate)
 	return d, err
 }
 
@@ -176,7 +181,7 @@ func pullEntries(spec map[string]any, pullSecrets []string, mutate bool) (bool, 
 
 // tlsEntries: the pod spec has the certificate volume, and the autoscaler (its container, or
 // spec.autoscalerOptions in a template) mounts it read-only and has the env that points Ray at it.
-func tlsEntries(spec, autoscaler map[string]any, t *TLSTemplate, mutate bool) (bool, error) {
+func tlsEntries(spec, autoscaler map[string]any, t *TLS, mutate bool) (bool, error) {
 	vol := func() map[string]any {
 		return map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": t.SecretName}}
 	}
@@ -202,4 +207,28 @@ func tlsEntries(spec, autoscaler map[string]any, t *TLSTemplate, mutate bool) (b
 	changed = changed || c
 	c, err = ensureEntries(autoscaler, "env", t.envEntries(), mutate)
 	return changed || c, err
+}
+
+// SecretRefs lists the Secret names a cluster's templates reference in imagePullSecrets (head
+// and workers) or head volumes, tolerating malformed fields.
+func SecretRefs(rc *unstructured.Unstructured) []string {
+	var refs []string
+	for i, ps := range podSpecsOf(rc.Object) {
+		for _, e := range listOf(ps, "imagePullSecrets") {
+			if n, ok := e["name"].(string); ok {
+				refs = append(refs, n)
+			}
+		}
+		if i > 0 {
+			continue // volumes: raysync mounts the certificate in the head only
+		}
+		for _, e := range listOf(ps, "volumes") {
+			if sec, ok := e["secret"].(map[string]any); ok {
+				if n, ok := sec["secretName"].(string); ok {
+					refs = append(refs, n)
+				}
+			}
+		}
+	}
+	return refs
 }

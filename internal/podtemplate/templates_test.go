@@ -1,24 +1,26 @@
-package projection
+package podtemplate
 
 import (
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/raysync/raysync/internal/validate"
 )
 
 func TestDesiredTemplates(t *testing.T) {
-	tlsCfg := &TLSTemplate{SecretName: "client-tls", MountPath: "/etc/raysync/autoscaler-tls", HasCA: true,
-		APIServer: &APIServer{Host: "proxy.example", Port: 6443}}
+	tlsCfg := &TLS{SecretName: "client-tls", MountPath: "/etc/raysync/autoscaler-tls", HasCA: true,
+		APIServer: &validate.APIServer{Host: "proxy.example", Port: 6443}}
 	tests := map[string]struct {
 		rc          *unstructured.Unstructured
-		cfg         TemplateConfig
+		cfg         Config
 		wantChanged bool
 		wantErr     string
 		check       func(*testing.T, *unstructured.Unstructured)
 	}{
 		"pull secret added to head and every worker": {
-			rc: templatedCluster("c"), cfg: TemplateConfig{PullSecrets: []string{"regcred"}}, wantChanged: true,
+			rc: templatedCluster("c"), cfg: Config{PullSecrets: []string{"regcred"}}, wantChanged: true,
 			check: func(t *testing.T, u *unstructured.Unstructured) {
 				for _, p := range [][]string{{"spec", "headGroupSpec", "template", "spec"}} {
 					l, _, _ := unstructured.NestedSlice(u.Object, append(p, "imagePullSecrets")...)
@@ -36,7 +38,7 @@ func TestDesiredTemplates(t *testing.T) {
 		"existing entries kept, no duplicates": {
 			rc: templatedCluster("c", setPath([]any{map[string]any{"name": "team-cred"}, map[string]any{"name": "regcred"}},
 				"spec", "headGroupSpec", "template", "spec", "imagePullSecrets")),
-			cfg: TemplateConfig{PullSecrets: []string{"regcred"}}, wantChanged: true, // the worker still lacks it
+			cfg: Config{PullSecrets: []string{"regcred"}}, wantChanged: true, // the worker still lacks it
 			check: func(t *testing.T, u *unstructured.Unstructured) {
 				l, _, _ := unstructured.NestedSlice(u.Object, "spec", "headGroupSpec", "template", "spec", "imagePullSecrets")
 				if len(l) != 2 || l[0].(map[string]any)["name"] != "team-cred" {
@@ -46,17 +48,17 @@ func TestDesiredTemplates(t *testing.T) {
 		},
 		"already in place: no change": {
 			rc: func() *unstructured.Unstructured {
-				u, _, _ := desiredTemplates(templatedCluster("c", autoscaling), TemplateConfig{PullSecrets: []string{"regcred"}, TLS: tlsCfg})
+				u, _, _ := Desired(templatedCluster("c", autoscaling), Config{PullSecrets: []string{"regcred"}, TLS: tlsCfg})
 				return u
 			}(),
-			cfg: TemplateConfig{PullSecrets: []string{"regcred"}, TLS: tlsCfg},
+			cfg: Config{PullSecrets: []string{"regcred"}, TLS: tlsCfg},
 		},
 		"TLS only on autoscaling clusters": {
-			rc: templatedCluster("c"), cfg: TemplateConfig{TLS: tlsCfg},
+			rc: templatedCluster("c"), cfg: Config{TLS: tlsCfg},
 		},
 		"TLS: volume, read-only mount, env": {
 			rc:  templatedCluster("c", autoscaling, setPath([]any{map[string]any{"name": "USER_VAR", "value": "kept"}}, "spec", "autoscalerOptions", "env")),
-			cfg: TemplateConfig{TLS: tlsCfg}, wantChanged: true,
+			cfg: Config{TLS: tlsCfg}, wantChanged: true,
 			check: func(t *testing.T, u *unstructured.Unstructured) {
 				vols, _, _ := unstructured.NestedSlice(u.Object, "spec", "headGroupSpec", "template", "spec", "volumes")
 				if len(vols) != 1 || vols[0].(map[string]any)["secret"].(map[string]any)["secretName"] != "client-tls" {
@@ -88,7 +90,7 @@ func TestDesiredTemplates(t *testing.T) {
 		},
 		"wrong env value is corrected": {
 			rc:  templatedCluster("c", autoscaling, setPath([]any{map[string]any{"name": EnvClientCertPath, "value": "/wrong"}}, "spec", "autoscalerOptions", "env")),
-			cfg: TemplateConfig{TLS: &TLSTemplate{SecretName: "client-tls", MountPath: "/m"}}, wantChanged: true,
+			cfg: Config{TLS: &TLS{SecretName: "client-tls", MountPath: "/m"}}, wantChanged: true,
 			check: func(t *testing.T, u *unstructured.Unstructured) {
 				env, _, _ := unstructured.NestedSlice(u.Object, "spec", "autoscalerOptions", "env")
 				if len(env) != 2 || env[0].(map[string]any)["value"] != "/m/tls.crt" {
@@ -97,20 +99,20 @@ func TestDesiredTemplates(t *testing.T) {
 			},
 		},
 		"workerGroupSpecs of the wrong type: error, no panic": {
-			rc: templatedCluster("c", setPath("oops", "spec", "workerGroupSpecs")), cfg: TemplateConfig{PullSecrets: []string{"r"}}, wantErr: "workerGroupSpecs",
+			rc: templatedCluster("c", setPath("oops", "spec", "workerGroupSpecs")), cfg: Config{PullSecrets: []string{"r"}}, wantErr: "workerGroupSpecs",
 		},
 		"imagePullSecrets of the wrong type": {
 			rc:  templatedCluster("c", setPath("regcred", "spec", "headGroupSpec", "template", "spec", "imagePullSecrets")),
-			cfg: TemplateConfig{PullSecrets: []string{"r"}}, wantErr: "imagePullSecrets is not a list",
+			cfg: Config{PullSecrets: []string{"r"}}, wantErr: "imagePullSecrets is not a list",
 		},
 		"template of the wrong type": {
-			rc: templatedCluster("c", setPath(int64(3), "spec", "headGroupSpec", "template")), cfg: TemplateConfig{PullSecrets: []string{"r"}}, wantErr: "template is not an object",
+			rc: templatedCluster("c", setPath(int64(3), "spec", "headGroupSpec", "template")), cfg: Config{PullSecrets: []string{"r"}}, wantErr: "template is not an object",
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			orig := tc.rc.DeepCopy()
-			got, changed, err := desiredTemplates(tc.rc, tc.cfg)
+			got, changed, err := Desired(tc.rc, tc.cfg)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -121,12 +123,12 @@ func TestDesiredTemplates(t *testing.T) {
 				t.Fatalf("changed = %v, err = %v; want changed %v", changed, err, tc.wantChanged)
 			}
 			if !equalJSON(orig.Object, tc.rc.Object) {
-				t.Fatal("desiredTemplates mutated its input (a cached object)")
+				t.Fatal("Desired mutated its input (a cached object)")
 			}
 			if tc.check != nil {
 				tc.check(t, got)
 			}
-			if again, changed, _ := desiredTemplates(got, tc.cfg); changed || !equalJSON(again.Object, got.Object) {
+			if again, changed, _ := Desired(got, tc.cfg); changed || !equalJSON(again.Object, got.Object) {
 				t.Error("not idempotent")
 			}
 		})

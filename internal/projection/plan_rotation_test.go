@@ -1,22 +1,21 @@
 package projection
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
 // The rotation tests: where a cluster stands with its token, and what the wave does about it.
 
-var rotated = rotation{ID: 7, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-3 * time.Hour)}
+var rotated = ledger.Rotation{ID: 7, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-3 * time.Hour)}
 
 // withRotation gives the input the ledger's current rotation (the canonical token is rotation 7).
 func withRotation(in *ClusterInput) { in.Sources.rotation = rotated }
@@ -225,31 +224,5 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 				t.Error("behind since an unknown time") // how long: TestBehindSinceTheFirstRotationMissed
 			}
 		})
-	}
-}
-
-func TestLedger(t *testing.T) {
-	var l ledger
-	l, changed := l.observed("aaaa", planNow)
-	if !changed || len(l) != 1 || l[0].ID != 1 {
-		t.Fatalf("first token: %+v", l)
-	}
-	if _, changed = l.observed("aaaa", planNow.Add(time.Hour)); changed {
-		t.Fatal("the same token numbered twice")
-	}
-	for i := 0; i < ledgerDepth+5; i++ {
-		l, _ = l.observed(string(rune('b'+i%2))+"x", planNow)
-	}
-	if len(l) != ledgerDepth || l[len(l)-1].ID != ledgerDepth+6 {
-		t.Fatalf("ledger of %d ending at %d, want %d ending at %d", len(l), l[len(l)-1].ID, ledgerDepth, ledgerDepth+6)
-	}
-	s := desiredLedger(types.NamespacedName{Namespace: "raysync", Name: "raysync-rotations"}, nil, l)
-	if back := readLedger(s); len(back) != len(l) || back[len(back)-1] != l[len(l)-1] {
-		t.Fatalf("round trip lost rotations")
-	}
-	var raw []map[string]any
-	_ = json.Unmarshal(s.Data[ledgerKey], &raw)
-	if len(raw[0]) != 3 {
-		t.Errorf("a ledger entry holds %v: only a number, a digest and a time", raw[0])
 	}
 }

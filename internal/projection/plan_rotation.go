@@ -8,13 +8,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
 // Ray reads its token once per process and accepts only that one, so a running cluster moves to a new
 // token only as a whole (kuberay-facts.md). The invariant raysync keeps: once any container of a
 // cluster has started with a token, the cluster's auth Secret changes only as part of a replacement
-// or a restart that raysync performs. This file says where a cluster stands; wave.go decides which
+// or a restart that raysync performs. This file says where a cluster stands; plan_wave.go decides which
 // clusters move, and when.
 
 // RotationOptions configure how running clusters move to a new token.
@@ -114,7 +115,7 @@ func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent boo
 func behindSince(in *ClusterInput) time.Time {
 	l := in.Sources.ledger
 	if len(l) == 0 && in.Sources.rotation.ID != 0 {
-		l = ledger{in.Sources.rotation}
+		l = ledger.Ledger{in.Sources.rotation}
 	}
 	if in.Target != nil {
 		held := tokenDigest(in.Target.Data[kuberay.AuthTokenKey])

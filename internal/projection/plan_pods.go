@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
 )
 
 // planPodConfig makes a cluster's pod templates carry the pull secrets and the autoscaler's client
@@ -19,24 +20,24 @@ import (
 func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc := in.Cluster
 	tc, pullStates, tlsState := podTemplateConfig(in, p)
-	autoscaling := Autoscaling(rc)
+	autoscaling := podtemplate.Autoscaling(rc)
 
 	check := in.drift
 	if check == nil {
-		check = templateDrift
+		check = podtemplate.Drift
 	}
 	d, err := check(rc, tc)
 	if err != nil {
 		p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot read the pod templates: %v; leaving them alone", err))
-		d = drift{pull: len(tc.PullSecrets) > 0, tls: tc.TLS != nil}
+		d = podtemplate.Missing{Pull: len(tc.PullSecrets) > 0, TLS: tc.TLS != nil}
 	}
 	for _, st := range pullStates {
-		if st == names.StateInSync && d.pull {
+		if st == names.StateInSync && d.Pull {
 			st = names.StateOutOfSync
 		}
 		p.Status.PullSecret = worst(p.Status.PullSecret, st)
 	}
-	if tlsState == names.StateInSync && d.tls {
+	if tlsState == names.StateInSync && d.TLS {
 		tlsState = names.StateOutOfSync
 	}
 	p.Status.AutoscalerTLS = tlsState
@@ -52,17 +53,17 @@ func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 
 	recycle := cfg.Pods.RecyclePending
 	switch {
-	case !d.any():
+	case !d.Any():
 		p.TemplatesInPlace = true
-	case RecreateStrategy(rc) && !cfg.Pods.AllowRecreate && anyStarted(in.Pods):
+	case podtemplate.RecreateStrategy(rc) && !cfg.Pods.AllowRecreate && anyStarted(in.Pods):
 		// A template change restarts every pod of a Recreate cluster: wait until none runs.
 		p.Status.Deferred = true
 		recycle = false
 		p.warnOnce(in, names.ReasonTemplatePatchDeferred, "upgradeStrategy Recreate would restart every running pod to add raysync's pull secrets or autoscaler TLS; "+
 			"not patching (start raysync with --allow-recreate to permit it)")
 	default:
-		desired, _, _ := desiredTemplates(rc, tc)
-		patch, err := templatePatch(rc, desired)
+		desired, _, _ := podtemplate.Desired(rc, tc)
+		patch, err := podtemplate.MergePatch(rc, desired)
 		if err != nil {
 			p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot patch the pod templates: %v; leaving them alone", err))
 			return
@@ -76,7 +77,7 @@ func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 
 // podTemplateConfig is what the cluster's pods must carry (the copies they name planned into p), and
 // the state of each pull-secret copy and of the TLS copy ("" when there is none to make).
-func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc TemplateConfig, pullStates []string, tlsState string) {
+func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc podtemplate.Config, pullStates []string, tlsState string) {
 	for _, src := range in.Sources.pull {
 		state := names.StateSourceInvalid
 		if src.valid() {
@@ -87,7 +88,7 @@ func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc TemplateConfig, pul
 		}
 		pullStates = append(pullStates, state)
 	}
-	if src := in.Sources.tls; src != nil && Autoscaling(in.Cluster) {
+	if src := in.Sources.tls; src != nil && podtemplate.Autoscaling(in.Cluster) {
 		tlsState = names.StateSourceInvalid
 		if src.valid() {
 			var usable bool
@@ -100,7 +101,7 @@ func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc TemplateConfig, pul
 }
 
 // planPods recycles never-started pods that lack raysync's entries and reports started ones.
-func planPods(in *ClusterInput, tc TemplateConfig, autoscaling, recycle bool, p *ClusterPlan) {
+func planPods(in *ClusterInput, tc podtemplate.Config, autoscaling, recycle bool, p *ClusterPlan) {
 	stale := map[string][]string{}
 	for _, pod := range in.Pods {
 		missing := podMissing(pod, tc, autoscaling)
@@ -147,7 +148,7 @@ func planPods(in *ClusterInput, tc TemplateConfig, autoscaling, recycle bool, p 
 }
 
 // podMissing lists what a Ray pod lacks of raysync's entries: names.StalePullSecret and/or names.StaleAutoscalerTLS.
-func podMissing(p *corev1.Pod, tc TemplateConfig, autoscaling bool) []string {
+func podMissing(p *corev1.Pod, tc podtemplate.Config, autoscaling bool) []string {
 	var missing []string
 	for _, n := range tc.PullSecrets {
 		if !slices.ContainsFunc(p.Spec.ImagePullSecrets, func(r corev1.LocalObjectReference) bool { return r.Name == n }) {
@@ -155,34 +156,13 @@ func podMissing(p *corev1.Pod, tc TemplateConfig, autoscaling bool) []string {
 			break
 		}
 	}
-	if tc.TLS != nil && autoscaling && slices.ContainsFunc(p.Spec.Containers, isAutoscaler) && !podHasTLS(p, tc.TLS) {
+	if tc.TLS != nil && autoscaling && slices.ContainsFunc(p.Spec.Containers, isAutoscaler) && !podtemplate.PodHasTLS(p, tc.TLS) {
 		missing = append(missing, names.StaleAutoscalerTLS)
 	}
 	return missing
 }
 
-func isAutoscaler(c corev1.Container) bool { return c.Name == AutoscalerContainer }
-
-// podHasTLS reports whether a pod carries every entry raysync owns for the autoscaler's certificate:
-// the volume of the right Secret, the autoscaler's read-only mount at the mount path (no subPath),
-// and each of its env entries with exactly raysync's value.
-func podHasTLS(p *corev1.Pod, t *TLSTemplate) bool {
-	vol := slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
-		return v.Name == names.TLSVolumeName && v.Secret != nil && v.Secret.SecretName == t.SecretName
-	})
-	i := slices.IndexFunc(p.Spec.Containers, isAutoscaler)
-	if !vol || i < 0 {
-		return false
-	}
-	c := p.Spec.Containers[i]
-	mount := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
-		return m.Name == names.TLSVolumeName && m.MountPath == t.MountPath && m.ReadOnly && m.SubPath == "" && m.SubPathExpr == ""
-	})
-	return mount && !slices.ContainsFunc(t.envEntries(), func(want envEntry) bool {
-		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == want.name })
-		return i < 0 || c.Env[i].Value != want.value || c.Env[i].ValueFrom != nil
-	})
-}
+func isAutoscaler(c corev1.Container) bool { return c.Name == podtemplate.AutoscalerContainer }
 
 // podStarted reports whether any process of the pod has started: an init container (including a
 // native sidecar) or a container that is running or has terminated. Such a pod holds its

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
@@ -213,7 +214,7 @@ func TestPlanWave(t *testing.T) {
 func TestWaveWaitsForTheLedger(t *testing.T) {
 	cfg := Config{Source: tokenSrc}.withDefaults()
 	v := view(t, cfg, restartCluster("c1"), false)
-	v.in.Sources.rotation = rotation{}
+	v.in.Sources.rotation = ledger.Rotation{}
 	if w := planWave([]clusterView{v}, cfg, planNow, nil); len(w.Actions) != 0 {
 		t.Errorf("started %v before the ledger numbered the token", kinds(w.Actions))
 	}

@@ -1,7 +1,7 @@
-package projection
-
-// Validation of the sources: a source that fails here is never copied anywhere; every target keeps
-// what it has and the source is reported (SourceInvalid, raysync_source_valid 0).
+// Package validate checks the source Secrets (and the API server flag) before raysync uses them: a
+// source that fails here is never copied anywhere; every target keeps what it has and the source is
+// reported (SourceInvalid, raysync_source_valid 0).
+package validate
 
 import (
 	"crypto/tls"
@@ -34,11 +34,11 @@ func invalid(format string, args ...any) error {
 	return &InvalidSourceError{Reason: fmt.Sprintf(format, args...)}
 }
 
-// ValidateToken returns the canonical token held in key of the source Secret, or why it is unusable.
+// Token returns the canonical token held in key of the source Secret, or why it is unusable.
 // secret is nil when the Secret does not exist. A token must be non-empty, at most 4 KiB, valid UTF-8,
 // without control characters and without leading or trailing whitespace (a trailing newline from
 // `kubectl create secret --from-file` is the classic mistake: Ray compares tokens byte for byte).
-func ValidateToken(secret *corev1.Secret, key string) ([]byte, error) {
+func Token(secret *corev1.Secret, key string) ([]byte, error) {
 	if secret == nil {
 		return nil, invalid("Secret does not exist")
 	}
@@ -80,9 +80,9 @@ func keyList(data map[string][]byte) string {
 	return strings.Join(keys, ", ")
 }
 
-// ValidatePullSecret accepts a kubernetes.io/dockerconfigjson Secret whose .dockerconfigjson has an
+// PullSecret accepts a kubernetes.io/dockerconfigjson Secret whose .dockerconfigjson has an
 // "auths" object, or a kubernetes.io/dockercfg Secret whose .dockercfg is a JSON object.
-func ValidatePullSecret(s *corev1.Secret) error {
+func PullSecret(s *corev1.Secret) error {
 	if s == nil {
 		return invalid("Secret does not exist")
 	}
@@ -123,16 +123,16 @@ const (
 	TLSCAKey   = "ca.crt"
 )
 
-// AutoscalerTLS is what raysync learned from a valid client-certificate source.
-type AutoscalerTLS struct {
+// Cert is what raysync learned from a valid client-certificate source.
+type Cert struct {
 	NotAfter time.Time
 	HasCA    bool
 }
 
-// ValidateAutoscalerTLS checks that tls.crt and tls.key form a matching pair whose leaf certificate is
+// AutoscalerTLS checks that tls.crt and tls.key form a matching pair whose leaf certificate is
 // valid now, and that ca.crt (optional) holds at least one certificate.
-func ValidateAutoscalerTLS(s *corev1.Secret, now time.Time) (AutoscalerTLS, error) {
-	var out AutoscalerTLS
+func AutoscalerTLS(s *corev1.Secret, now time.Time) (Cert, error) {
+	var out Cert
 	if s == nil {
 		return out, invalid("Secret does not exist")
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
+	"github.com/raysync/raysync/internal/validate"
 )
 
 // Managed copies: a pod source (pull secret, client certificate) in another namespace than the
@@ -44,7 +46,7 @@ func withCopyMeta(s *corev1.Secret, source types.NamespacedName, kind names.Kind
 // copied reports whether a copy carries key: everything for a pull secret, only the TLS keys for a
 // client certificate (never anything else its source holds).
 func copied(kind names.Kind, key string) bool {
-	return kind != names.KindAutoscalerTLS || slices.Contains([]string{TLSCertKey, TLSKeyKey, TLSCAKey}, key)
+	return kind != names.KindAutoscalerTLS || slices.Contains([]string{validate.TLSCertKey, validate.TLSKeyKey, validate.TLSCAKey}, key)
 }
 
 // copyData is what a managed copy of src holds.
@@ -125,14 +127,14 @@ func planPrune(clusters []*unstructured.Unstructured, copies []*corev1.Secret, c
 		if a.SecretName != "" {
 			referenced[a.SecretName] = true
 		}
-		for _, n := range templateSecretRefs(rc) {
+		for _, n := range podtemplate.SecretRefs(rc) {
 			referenced[n] = true
 		}
 		if cfg.managed(rc) { // its templates may not be patched yet
 			for _, src := range cfg.Pods.PullSecrets {
 				referenced[src.Name] = true
 			}
-			if src := cfg.Pods.AutoscalerTLS; src != nil && Autoscaling(rc) {
+			if src := cfg.Pods.AutoscalerTLS; src != nil && podtemplate.Autoscaling(rc) {
 				referenced[src.Name] = true
 			}
 		}
@@ -145,28 +147,4 @@ func planPrune(clusters []*unstructured.Unstructured, copies []*corev1.Secret, c
 		}
 	}
 	return actions
-}
-
-// templateSecretRefs lists the Secret names a cluster's templates reference in imagePullSecrets (head
-// and workers) or head volumes, tolerating malformed fields.
-func templateSecretRefs(rc *unstructured.Unstructured) []string {
-	var refs []string
-	for i, ps := range podSpecsOf(rc.Object) {
-		for _, e := range listOf(ps, "imagePullSecrets") {
-			if n, ok := e["name"].(string); ok {
-				refs = append(refs, n)
-			}
-		}
-		if i > 0 {
-			continue // volumes: raysync mounts the certificate in the head only
-		}
-		for _, e := range listOf(ps, "volumes") {
-			if sec, ok := e["secret"].(map[string]any); ok {
-				if n, ok := sec["secretName"].(string); ok {
-					refs = append(refs, n)
-				}
-			}
-		}
-	}
-	return refs
 }

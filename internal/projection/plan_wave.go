@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
@@ -53,7 +54,7 @@ type wavePlan struct {
 // plans whose start the caches may not show yet (they count as in flight).
 func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[string]bool) wavePlan {
 	var w wavePlan
-	cur := rotation{}
+	cur := ledger.Rotation{}
 	if len(clusters) > 0 {
 		cur = clusters[0].in.Sources.rotation
 	}

@@ -1,4 +1,4 @@
-package projection
+package validate
 
 import (
 	"errors"
@@ -36,7 +36,7 @@ func TestValidateToken(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			tok, err := ValidateToken(tc.secret, tc.key)
+			tok, err := Token(tc.secret, tc.key)
 			if tc.wantErr == "" {
 				if err != nil || len(tok) == 0 {
 					t.Fatalf("want valid, got %v", err)
@@ -63,7 +63,7 @@ func FuzzValidateToken(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, v []byte) {
-		tok, err := ValidateToken(&corev1.Secret{Data: map[string][]byte{"k": v}}, "k")
+		tok, err := Token(&corev1.Secret{Data: map[string][]byte{"k": v}}, "k")
 		if err != nil {
 			if len(v) >= 4 && strings.Contains(err.Error(), string(v)) {
 				t.Fatalf("reason contains the value")

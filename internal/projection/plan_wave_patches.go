@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
@@ -31,7 +32,7 @@ type PatchRotation struct {
 func (PatchRotation) isAction() {}
 
 // startActions starts a replacement or a restart and says so on the objects people look at.
-func startActions(u *unit, cur rotation, now time.Time) []Action {
+func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 	stamp := now.UTC().Format(time.RFC3339)
 	var acts []Action
 	var msg string

@@ -1,4 +1,4 @@
-package projection
+package validate
 
 import (
 	"strings"
@@ -42,7 +42,7 @@ func TestValidatePullSecret(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			err := ValidatePullSecret(tc.secret)
+			err := PullSecret(tc.secret)
 			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Fatalf("err = %v, want %q", err, tc.wantErr)
 			}
@@ -91,7 +91,7 @@ func TestValidateAutoscalerTLS(t *testing.T) {
 			if at.IsZero() {
 				at = now
 			}
-			info, err := ValidateAutoscalerTLS(tc.secret, at)
+			info, err := AutoscalerTLS(tc.secret, at)
 			if tc.wantErr == "" {
 				if err != nil || info.HasCA != tc.wantCA || info.NotAfter.IsZero() {
 					t.Fatalf("got %+v, %v", info, err)
@@ -141,8 +141,8 @@ func FuzzValidatePullSecret(f *testing.F) {
 	f.Add([]byte(`{"auths":null}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, v []byte) {
-		_ = ValidatePullSecret(&corev1.Secret{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{".dockerconfigjson": v}})
-		_ = ValidatePullSecret(&corev1.Secret{Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{".dockercfg": v}})
+		_ = PullSecret(&corev1.Secret{Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{".dockerconfigjson": v}})
+		_ = PullSecret(&corev1.Secret{Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{".dockercfg": v}})
 	})
 }
 
@@ -151,7 +151,7 @@ func FuzzValidateAutoscalerTLS(f *testing.F) {
 	f.Add(crt, key, crt)
 	f.Add([]byte("x"), []byte("y"), []byte(""))
 	f.Fuzz(func(t *testing.T, c, k, ca []byte) {
-		_, err := ValidateAutoscalerTLS(&corev1.Secret{Data: map[string][]byte{"tls.crt": c, "tls.key": k, "ca.crt": ca}}, time.Now())
+		_, err := AutoscalerTLS(&corev1.Secret{Data: map[string][]byte{"tls.crt": c, "tls.key": k, "ca.crt": ca}}, time.Now())
 		if err != nil && len(k) > 8 && strings.Contains(err.Error(), string(k)) {
 			t.Fatal("reason contains the key")
 		}

@@ -1,0 +1,93 @@
+// Package ledger is raysync's rotation ledger.
+//
+// The rotation ledger numbers the canonical tokens raysync has seen: rotation 1, 2, 3… A rotation's
+// number is what raysync writes where many people can read (a RayService's template, a RayCluster's
+// annotations); the token's digest, which ties a number to a token, stays in the ledger, a Secret in
+// raysync's own namespace. The ledger survives restarts and leader changes: a wave started before a
+// crash resumes with the same numbers.
+package ledger
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raysync/raysync/internal/names"
+)
+
+// key is the ledger Secret's data key.
+const key = "rotations.json"
+
+// depth is how many rotations the ledger keeps (enough to name what any running cluster holds).
+const depth = 32
+
+// Rotation is one canonical token raysync has seen.
+type Rotation struct {
+	ID        int       `json:"id"`
+	Digest    string    `json:"digest"` // the token's digest as raysync marks its Secrets; never leaves Secrets
+	FirstSeen time.Time `json:"firstSeen"`
+}
+
+// Name is how users see a rotation ("" for none).
+func (r Rotation) Name() string {
+	if r.ID == 0 {
+		return ""
+	}
+	return strconv.Itoa(r.ID)
+}
+
+// Ledger is every recent rotation, oldest first.
+type Ledger []Rotation
+
+// Read parses the ledger Secret (nil or malformed: empty, and raysync starts numbering afresh).
+func Read(s *corev1.Secret) Ledger {
+	var l Ledger
+	if s != nil {
+		_ = json.Unmarshal(s.Data[key], &l)
+	}
+	return l
+}
+
+// Current is the newest rotation, if its token is the one given.
+func (l Ledger) Current(digest string) (Rotation, bool) {
+	if len(l) == 0 || l[len(l)-1].Digest != digest {
+		return Rotation{}, false
+	}
+	return l[len(l)-1], true
+}
+
+// Observed returns the ledger with digest as its newest rotation (appended when it is not already).
+func (l Ledger) Observed(digest string, now time.Time) (Ledger, bool) {
+	if _, ok := l.Current(digest); ok {
+		return l, false
+	}
+	next := 1
+	if len(l) > 0 {
+		next = l[len(l)-1].ID + 1
+	}
+	out := append(append(Ledger{}, l...), Rotation{ID: next, Digest: digest, FirstSeen: now.UTC().Truncate(time.Second)})
+	if len(out) > depth {
+		out = out[len(out)-depth:]
+	}
+	return out, true
+}
+
+// Desired is the ledger Secret holding l; cur is the Secret as it is (nil: absent).
+func Desired(name types.NamespacedName, cur *corev1.Secret, l Ledger) *corev1.Secret {
+	b, _ := json.Marshal(l)
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name.Name, Namespace: name.Namespace,
+			Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+			Annotations: map[string]string{names.KindAnnotation: names.KindRotationLedger}},
+		Type: corev1.SecretTypeOpaque,
+	}
+	if cur != nil {
+		s = cur.DeepCopy()
+	}
+	s.Data = map[string][]byte{key: b}
+	return s
+}
