@@ -65,6 +65,7 @@ type config struct {
 
 	noPrecreate bool
 	webhook     webhookConfig
+	gateway     projection.GatewayOptions
 
 	// Subcommands' own flags.
 	output string // status: table or json
@@ -100,6 +101,7 @@ type rawFlags struct {
 	webhookCertSecret, webhookDNS    string
 	webhookIPs                       string
 	precreate                        bool
+	gatewayTable                     string
 }
 
 // Subcommands: every one takes the same flags (those that say what raysync manages matter to all),
@@ -166,6 +168,10 @@ func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *fl
 	fs.StringVar(&r.webhookDNS, "webhook-dns-names", "", "comma-separated DNS names of the webhook's Service, for the certificate raysync issues")
 	fs.StringVar(&r.webhookIPs, "webhook-ips", "", "comma-separated IP addresses for the certificate raysync issues (a URL webhook, e.g. 127.0.0.1 in tests)")
 	fs.DurationVar(&c.webhook.certValidity, "webhook-cert-validity", 90*24*time.Hour, "lifetime of the serving certificate raysync issues (renewed a third of it ahead)")
+	fs.StringVar(&r.gatewayTable, "gateway-table", "", "publish the gateway's table into this Secret NAMESPACE/NAME (\"\": no gateway)")
+	fs.StringVar(&c.gateway.Service, "gateway-service", "", "the gateway Service's DNS name: every RayService and RayCluster gets an ExternalName Service <name>-gw pointing at it")
+	fs.DurationVar(&c.gateway.Grace, "gateway-grace", 24*time.Hour, "how long the previous canonical token is still accepted after a rotation (0: not at all)")
+	fs.StringVar(&c.gateway.PendingKey, "gateway-pending-key", "", "key of the canonical Secret holding the next token, accepted by the gateway before it becomes current")
 	return fs
 }
 
@@ -304,10 +310,27 @@ func (c *config) validate(r *rawFlags) error {
 		}
 		c.apiServer = &api
 	}
+	if r.gatewayTable != "" {
+		if c.gateway.Table, err = parseNamespacedName("--gateway-table", r.gatewayTable); err != nil {
+			return err
+		}
+	}
+	if c.gateway.Service != "" && (c.gateway.Table.Name == "" || len(validation.IsDNS1123Subdomain(c.gateway.Service)) > 0) {
+		return fmt.Errorf("--gateway-service %q needs --gateway-table and must be a DNS name", c.gateway.Service)
+	}
+	if c.gateway.Grace < 0 {
+		return errors.New("--gateway-grace must not be negative")
+	}
+	if k := c.gateway.PendingKey; k != "" && (len(validation.IsConfigMapKey(k)) > 0 || k == c.authSourceKey || c.gateway.Table.Name == "") {
+		return fmt.Errorf("--gateway-pending-key %q needs --gateway-table and must be a Secret key other than --auth-source-key", k)
+	}
 	c.rotationPolicies = map[string]string{}
 	for kind, v := range map[string]string{"RayService": r.policyService, "": r.policyCluster, "RayJob": r.policyJob} {
-		if v != names.PolicyReplace && v != names.PolicyRestart && v != names.PolicyHold {
-			return fmt.Errorf("rotation policy %q: want replace, restart or hold", v)
+		switch {
+		case v == names.PolicyGateway && c.gateway.Table.Name == "":
+			return errors.New("rotation policy gateway needs --gateway-table (clients must reach the clusters through the gateway)")
+		case v != names.PolicyReplace && v != names.PolicyRestart && v != names.PolicyHold && v != names.PolicyGateway:
+			return fmt.Errorf("rotation policy %q: want replace, restart, hold or gateway", v)
 		}
 		c.rotationPolicies[kind] = v
 	}
@@ -326,6 +349,9 @@ func (c *config) validate(r *rawFlags) error {
 		c.rotationLedger = types.NamespacedName{Namespace: c.leaderElectionNS, Name: c.name + "-rotations"}
 	default:
 		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: c.name + "-rotations"}
+	}
+	if t := c.gateway.Table; t.Name != "" && (t == c.rotationLedger || t == c.authSource || slices.Contains(c.pullSecrets, t) || (c.autoscalerTLS != nil && *c.autoscalerTLS == t)) {
+		return fmt.Errorf("--gateway-table %s must name a Secret of its own", t)
 	}
 	c.noPrecreate = !r.precreate
 	if err := c.webhook.parse(r, c); err != nil {
@@ -435,6 +461,7 @@ func (c *config) projection() projection.Config {
 		Rotation:    projection.RotationOptions{Policies: c.rotationPolicies, MaxConcurrent: c.maxConcurrentRotation, Timeout: c.rotationTimeout},
 		Ledger:      c.rotationLedger,
 		NoPrecreate: c.noPrecreate,
+		Gateway:     c.gateway,
 	}
 	if c.clusterSelector != "" {
 		pc.ClusterSelector, _ = labels.Parse(c.clusterSelector) // validated by parseFlags
@@ -444,5 +471,5 @@ func (c *config) projection() projection.Config {
 
 // informer is what raysync watches: the namespaces, and every source by name.
 func (c *config) informer() informer.Config {
-	return informer.Config{Namespaces: c.namespaces, Sources: c.projection().Watched()}
+	return informer.Config{Namespaces: c.namespaces, Sources: c.projection().Watched(), GatewayAddresses: c.gateway.Service != ""}
 }

@@ -49,6 +49,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == uninstallCommand {
 		os.Exit(runUninstall(os.Args[2:], os.Stdout, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == revokeCommand {
+		os.Exit(runRevoke(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	if len(os.Args) > 1 && os.Args[1] == gatewayCommand {
 		os.Exit(runGateway(os.Args[2:], os.Stderr))
 	}

@@ -177,6 +177,22 @@ func scopeSteps(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Inte
 				return kube.CoreV1().Secrets(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 			}})
 	}
+	// The gateway's addresses (<name>-gw ExternalName Services raysync keeps; the gateway is gone).
+	addrs, err := kube.CoreV1().Services(scope).List(ctx, metav1.ListOptions{LabelSelector: names.ManagedByLabel + "=" + names.ManagedByValue})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list raysync's gateway addresses: %w", err)
+	}
+	for i := range addrs.Items {
+		svc := addrs.Items[i]
+		if svc.Annotations[names.KindAnnotation] != names.KindGatewayAddress {
+			continue
+		}
+		uid, rv := svc.UID, svc.ResourceVersion
+		steps = append(steps, uninstallStep{what: fmt.Sprintf("delete Service %s/%s (raysync's gateway address)", svc.Namespace, svc.Name),
+			do: func(ctx context.Context) error {
+				return kube.CoreV1().Services(svc.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			}})
+	}
 	return steps, kept, nil
 }
 
@@ -274,6 +290,13 @@ func ownSteps(ctx context.Context, kube kubernetes.Interface, cfg *config, ns st
 	}
 	secret(certSecret, "raysync's webhook certificate", func(s *corev1.Secret) bool {
 		return s.Annotations[names.KindAnnotation] == names.KindWebhookCertificate
+	})
+	table := cfg.gateway.Table
+	if table.Name == "" {
+		table = types.NamespacedName{Namespace: ns, Name: cfg.name + "-gateway"}
+	}
+	secret(table, "raysync's gateway table", func(s *corev1.Secret) bool {
+		return s.Labels[names.ManagedByLabel] == names.ManagedByValue && s.Annotations[names.KindAnnotation] == names.KindGatewayTable
 	})
 	if _, err := kube.CoordinationV1().Leases(ns).Get(ctx, cfg.name, metav1.GetOptions{}); err == nil {
 		steps = append(steps, uninstallStep{what: fmt.Sprintf("delete Lease %s/%s (raysync's leader election)", ns, cfg.name), do: func(ctx context.Context) error {

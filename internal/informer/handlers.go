@@ -2,6 +2,7 @@ package informer
 
 import (
 	"bytes"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,11 @@ func (c *Caches) AddEventHandlers(enqueue func(Key)) error {
 				return err
 			}
 		}
+		if s.addresses != nil {
+			if _, err := s.addresses.AddEventHandler(h.address); err != nil {
+				return err
+			}
+		}
 	}
 	for src, inf := range c.sources {
 		if _, err := inf.AddEventHandler(h.source(src)); err != nil {
@@ -41,6 +47,7 @@ type handlers struct {
 	managedSecret  cache.ResourceEventHandler
 	owner          cache.ResourceEventHandler
 	secretName     cache.ResourceEventHandler
+	address        cache.ResourceEventHandler
 	source         func(types.NamespacedName) cache.ResourceEventHandler
 }
 
@@ -87,6 +94,14 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 		}),
 		// A RayService or RayJob changed: whether its clusters may rotate, or have, may have changed.
 		owner: onChange(func(any) { enqueue(waveKey) }),
+		// A Service named like a gateway address appeared, changed or went: the clusters of its namespace.
+		address: onChange(func(obj any) {
+			if m, ok := metaOf(obj); ok && strings.HasSuffix(m.GetName(), "-gw") {
+				for _, rc := range c.RayClusters(m.GetNamespace()) {
+					enqueue(clusterKey(rc))
+				}
+			}
+		}),
 		// A Secret appeared, went or changed hands: the clusters reading a Secret of that name, and for a
 		// pod source's name every cluster in the namespace, may now create, use or refuse it.
 		secretName: cache.ResourceEventHandlerFuncs{
@@ -111,6 +126,7 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 				enqueue(clusterKey(rc))
 			}
 			enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
+			enqueue(waveKey) // a copy can be a token target: the gateway's table reads it
 		}),
 		source: func(src types.NamespacedName) cache.ResourceEventHandler {
 			srcKey := Key{Kind: SourceKey, Namespace: src.Namespace, Name: src.Name}

@@ -81,6 +81,8 @@ type Config struct {
 	// Sources are the Secrets watched by name (the canonical sources, the rotation ledger; each gets
 	// an informer of its own).
 	Sources []types.NamespacedName
+	// GatewayAddresses: watch Services too (the gateway's <name>-gw addresses raysync keeps).
+	GatewayAddresses bool
 }
 
 // scope holds the informers of one watched namespace ("" when watching all).
@@ -92,6 +94,7 @@ type scope struct {
 	managedSecrets cache.SharedIndexInformer // labelled raysync.dev/managed-by=raysync
 	pods           cache.SharedIndexInformer // labelled ray.io/node-type
 	secretNames    cache.SharedIndexInformer // every Secret, as its name and raysync's marks (SecretMeta)
+	addresses      cache.SharedIndexInformer // Services, with the gateway on (nil otherwise)
 }
 
 // Caches are raysync's read path: every worker reads from here, never from the API server.
@@ -134,6 +137,10 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, md metadata.Interface
 				labelled(kuberay.NodeTypeLabel)),
 			secretNames: secretNamesInformer(kube, md, ns),
 		}
+		if cfg.GatewayAddresses {
+			s.addresses = coreinformers.NewFilteredServiceInformer(kube, ns, 0, nsIndex, nil)
+			_ = s.addresses.SetTransform(stripManagedFields)
+		}
 		for _, inf := range []cache.SharedIndexInformer{s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods} {
 			_ = inf.SetTransform(stripManagedFields)
 		}
@@ -154,6 +161,9 @@ func (c *Caches) all() []cache.SharedIndexInformer {
 	var infs []cache.SharedIndexInformer
 	for _, s := range c.scopes {
 		infs = append(infs, s.clusters, s.services, s.jobs, s.clusterSecrets, s.managedSecrets, s.pods, s.secretNames)
+		if s.addresses != nil {
+			infs = append(infs, s.addresses)
+		}
 	}
 	for _, inf := range c.sources {
 		infs = append(infs, inf)
@@ -340,6 +350,20 @@ func (c *Caches) SourceChangedAt(src types.NamespacedName) time.Time {
 		return v.(time.Time)
 	}
 	return time.Time{}
+}
+
+// Service returns a Service of ns by name (only with GatewayAddresses).
+func (c *Caches) Service(ns, name string) (*corev1.Service, bool) {
+	s := c.scopeFor(ns)
+	if s == nil || s.addresses == nil {
+		return nil, false
+	}
+	obj, ok, _ := s.addresses.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	svc, ok := obj.(*corev1.Service)
+	return svc, ok
 }
 
 func secretFrom(s *scope, pick func(*scope) cache.SharedIndexInformer, ns, name string) (*corev1.Secret, bool) {

@@ -82,8 +82,9 @@ func TestEventsBecomeKeys(t *testing.T) {
 		{"RayService or RayJob changed: the wave", func() { h.owner.OnUpdate(cluster("1"), cluster("2")) }, []Key{wave}},
 		{"KubeRay Secret resync ignored", func() { h.byClusterLabel.OnUpdate(secret("1", "x", owned), secret("1", "x", owned)) }, nil},
 		{"unlabelled object ignored", func() { h.byClusterLabel.OnAdd(secret("1", "x", nil), false) }, nil},
-		{"managed copy: every cluster in its namespace, then prune", func() { h.managedSecret.OnDelete(secret("1", "x", nil)) },
-			[]Key{c1, c2, {Kind: NamespaceKey, Namespace: "ray"}}},
+		{"managed copy: every cluster in its namespace, then prune, and the fleet (a copy can be a token target the gateway's table reads)",
+			func() { h.managedSecret.OnDelete(secret("1", "x", nil)) },
+			[]Key{c1, c2, {Kind: NamespaceKey, Namespace: "ray"}, {Kind: WaveKey}}},
 		{"source annotation-only change: source only", func() {
 			a, b := secret("1", "x", nil), secret("2", "x", nil)
 			b.Annotations = map[string]string{"touched": "yes"}

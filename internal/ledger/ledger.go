@@ -30,6 +30,9 @@ type Rotation struct {
 	ID        int       `json:"id"`
 	Digest    string    `json:"digest"` // the token's digest as raysync marks its Secrets; never leaves Secrets
 	FirstSeen time.Time `json:"firstSeen"`
+	// Accept is the token's full SHA-256 (hex), what the gateway compares a client's token with: the
+	// previous rotation's is how it accepts the previous token without raysync keeping the token.
+	Accept string `json:"accept,omitempty"`
 }
 
 // Name is how users see a rotation ("" for none).
@@ -60,16 +63,22 @@ func (l Ledger) Current(digest string) (Rotation, bool) {
 	return l[len(l)-1], true
 }
 
-// Observed returns the ledger with digest as its newest rotation (appended when it is not already).
-func (l Ledger) Observed(digest string, now time.Time) (Ledger, bool) {
-	if _, ok := l.Current(digest); ok {
-		return l, false
+// Observed returns the ledger with digest as its newest rotation (appended when it is not already),
+// carrying accept (a rotation recorded before raysync kept it gets it now).
+func (l Ledger) Observed(digest, accept string, now time.Time) (Ledger, bool) {
+	if cur, ok := l.Current(digest); ok {
+		if cur.Accept != "" || accept == "" {
+			return l, false
+		}
+		out := append(Ledger{}, l...)
+		out[len(out)-1].Accept = accept
+		return out, true
 	}
 	next := 1
 	if len(l) > 0 {
 		next = l[len(l)-1].ID + 1
 	}
-	out := append(append(Ledger{}, l...), Rotation{ID: next, Digest: digest, FirstSeen: now.UTC().Truncate(time.Second)})
+	out := append(append(Ledger{}, l...), Rotation{ID: next, Digest: digest, FirstSeen: now.UTC().Truncate(time.Second), Accept: accept})
 	if len(out) > depth {
 		out = out[len(out)-depth:]
 	}
@@ -90,4 +99,12 @@ func Desired(name types.NamespacedName, cur *corev1.Secret, l Ledger) *corev1.Se
 	}
 	s.Data = map[string][]byte{key: b}
 	return s
+}
+
+// Previous is the rotation before the newest one (false when there is none).
+func (l Ledger) Previous() (Rotation, bool) {
+	if len(l) < 2 {
+		return Rotation{}, false
+	}
+	return l[len(l)-2], true
 }

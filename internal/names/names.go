@@ -30,6 +30,9 @@ const (
 	PolicyReplace      = "replace"
 	PolicyRestart      = "restart"
 	PolicyHold         = "hold"
+	// PolicyGateway (with the gateway on): a rotation changes what the gateway accepts and moves no
+	// cluster; `syncer rotate` moves them when the platform chooses.
+	PolicyGateway = "gateway"
 
 	// RotationIDAnnotation is the rotation number raysync writes into a RayService's head pod template:
 	// changing it makes KubeRay start a new cluster (a rotation number, never the token or its hash).
@@ -47,6 +50,13 @@ const (
 	KindRotationLedger = "rotation_ledger"
 	// KindWebhookCertificate marks the Secret holding the webhook's CA and serving certificate.
 	KindWebhookCertificate = "webhook_certificate"
+	// KindGatewayTable marks the Secret raysync publishes for the gateway; KindGatewayAddress the
+	// ExternalName Services <name>-gw pointing at the gateway.
+	KindGatewayTable   = "gateway_table"
+	KindGatewayAddress = "gateway_address"
+	// PreviousRevokedAnnotation on the ledger: the rotation whose previous token the gateway no longer
+	// accepts (`syncer revoke-previous`).
+	PreviousRevokedAnnotation = "raysync.dev/previous-revoked"
 )
 
 // Token rotation states: raysync_rotation_clusters{state} and `syncer status`.

@@ -134,6 +134,8 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		return a.deletePod(ctx, act, log)
 	case PatchRotation:
 		return a.patchRotation(ctx, act)
+	case CreateService, UpdateService:
+		return a.gatewayAddress(ctx, act, log)
 	case RecordEvent:
 		a.recorder.Event(act.Object, act.Type, act.Reason, act.Message)
 		if act.StartedWithout > 0 {

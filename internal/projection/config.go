@@ -32,7 +32,24 @@ type Config struct {
 	// NoPrecreate leaves a new cluster's generated auth Secret to KubeRay (and the admission
 	// webhook) instead of creating it first; raysync still writes the token into it.
 	NoPrecreate bool
+	// Gateway is what raysync keeps for the gateway (off when Table is empty).
+	Gateway GatewayOptions
 }
+
+// GatewayOptions: the table raysync publishes for the gateway, and the addresses it keeps.
+type GatewayOptions struct {
+	// Table is the Secret the gateway reads (in raysync's namespace).
+	Table types.NamespacedName
+	// Service is the gateway Service's DNS name; each RayService and RayCluster gets an ExternalName
+	// Service <name>-gw pointing at it ("": none).
+	Service string
+	// Grace is how long the previous canonical token is accepted after a rotation.
+	Grace time.Duration
+	// PendingKey is a key of the canonical Secret holding the next token, accepted before it is current.
+	PendingKey string
+}
+
+func (o GatewayOptions) enabled() bool { return o.Table.Name != "" }
 
 // PodOptions configure registry pull secrets and the autoscaler's client TLS. Zero value: both off.
 type PodOptions struct {

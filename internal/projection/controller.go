@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/raysync/raysync/internal/gateway"
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/metrics"
@@ -42,6 +43,8 @@ type Controller struct {
 	// expected are the replacements and restarts this process started that the caches may not show
 	// yet: they count as in flight, so a lagging cache never lets the wave exceed its bound.
 	expected *expectations
+	// table publishes the gateway's table (with the gateway on).
+	table *tablePublisher
 }
 
 // waveDelay gathers the events of a busy moment into one wave decision.
@@ -67,6 +70,7 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Cach
 	}
 	c.apply = &applier{kube: kube, dyn: dyn, recorder: recorder, metrics: m, log: log, memory: mem, caches: caches,
 		source: cfg.Source, dryRun: dryRun, now: func() time.Time { return c.now() }}
+	c.table = &tablePublisher{a: c.apply}
 	c.reporter = &Reporter{gather: c.gather, now: func() time.Time { return c.now() }}
 	for _, s := range cfg.Sources() {
 		m.SourcesConfigured(s.String())
@@ -204,7 +208,11 @@ func (c *Controller) syncSource(ctx context.Context, name types.NamespacedName) 
 		return nil
 	}
 	cur, _ := c.caches.Source(c.cfg.Ledger)
-	next, changed := sources.ledger.Observed(sources.token.digest, now)
+	accept := "" // the token's SHA-256, kept only for the gateway (its previous-token grace)
+	if c.cfg.Gateway.enabled() {
+		accept = gateway.Digest(sources.token.value)
+	}
+	next, changed := sources.ledger.Observed(sources.token.digest, accept, now)
 	if !changed {
 		return nil
 	}
@@ -220,12 +228,23 @@ func (c *Controller) syncSource(ctx context.Context, name types.NamespacedName) 
 // syncWave decides and performs the fleet's replacements and restarts (one at a time: one key).
 func (c *Controller) syncWave(ctx context.Context) error {
 	now := c.now()
-	w := planWave(c.gather.views(now), c.cfg, now, c.expected.pending(now))
+	views := c.gather.views(now)
+	w := planWave(views, c.cfg, now, c.expected.pending(now))
 	c.expected.observed(w.Observed)
 	started, err := c.apply.wave(ctx, w)
 	c.expected.add(started, now)
 	if w.RequeueAfter > 0 {
 		c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, w.RequeueAfter)
+	}
+	if c.cfg.Gateway.enabled() {
+		sources := c.gather.sources(now)
+		if t := planGatewayTable(views, sources, c.cfg, now); t != nil {
+			err = errors.Join(err, c.table.publish(ctx, c.cfg, t))
+			// The previous token's grace ends at a time, not on an event.
+			if prev := tableExpiry(t, now); prev > 0 {
+				c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, prev)
+			}
+		}
 	}
 	return err
 }

@@ -63,6 +63,9 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 	case "RayJob":
 		in.Owner, _ = g.caches.RayJob(ns, owner)
 	}
+	if obj := gatewayAddressOwner(in); g.cfg.Gateway.Service != "" && obj != nil {
+		in.GatewayAddress, _ = g.caches.Service(ns, gatewayAddressName(obj))
+	}
 	if t, ok, err := TokenTargetFor(rc, g.cfg.Source); err == nil && ok && !t.IsSource {
 		in.targetName = t.Name
 		if t.Mode == Generated {

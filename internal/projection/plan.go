@@ -65,6 +65,14 @@ type RecordEvent struct {
 	StaleReason    string
 }
 
+// CreateService creates a gateway address (an ExternalName Service raysync owns).
+type CreateService struct{ Service *corev1.Service }
+
+// UpdateService writes a gateway address raysync owns (its resourceVersion is the precondition).
+type UpdateService struct{ Service *corev1.Service }
+
+func (CreateService) isAction() {}
+func (UpdateService) isAction() {}
 func (CreateSecret) isAction()  {}
 func (UpdateSecret) isAction()  {}
 func (ReplaceSecret) isAction() {}
@@ -96,6 +104,9 @@ type ClusterInput struct {
 	WatchingSince time.Time
 	// Owner is the cluster's RayService or RayJob as cached (nil for a standalone cluster).
 	Owner *unstructured.Unstructured
+	// GatewayAddress is the Service <name>-gw of the cluster's RayService (else of the cluster) as
+	// cached, nil when absent or the gateway is off.
+	GatewayAddress *corev1.Service
 	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.
 	targetName string
 	// drift checks the pod templates: podtemplate.Drift when nil, or the Reporter's memo of it (same answers).
@@ -191,6 +202,7 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 	if cfg.Pods.enabled() {
 		planPodConfig(in, cfg, &p)
 	}
+	planGatewayAddress(in, cfg, &p)
 	return p
 }
 

@@ -66,7 +66,7 @@ func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, he
 	kind := ownerKind(rc)
 	policy = opts.Policies[kind]
 	switch p := metaString(rc, "annotations", names.RotationAnnotation); p {
-	case names.PolicyReplace, names.PolicyRestart, names.PolicyHold:
+	case names.PolicyReplace, names.PolicyRestart, names.PolicyHold, names.PolicyGateway:
 		policy = p
 	}
 	if policy == "" {

@@ -26,6 +26,10 @@ type sourceView struct {
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
 	ledger   ledger.Ledger
 	rotation ledger.Rotation
+	// previousRevoked is the rotation whose previous token `syncer revoke-previous` revoked (0: none).
+	previousRevoked int
+	// pending is the next token (the gateway's pending key), nil when none is configured or valid.
+	pending []byte
 }
 
 // source is one configured source Secret as cached, and whether it can be used.
@@ -51,8 +55,17 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 		v.token.digest = tokenDigest(v.token.value)
 	}
 	if cfg.Ledger.Name != "" {
-		v.ledger = ledger.Read(get(cfg.Ledger))
+		l := get(cfg.Ledger)
+		v.ledger = ledger.Read(l)
 		v.rotation, _ = v.ledger.Current(v.token.digest)
+		if l != nil {
+			v.previousRevoked, _ = strconv.Atoi(l.Annotations[names.PreviousRevokedAnnotation])
+		}
+	}
+	if k := cfg.Gateway.PendingKey; k != "" && v.token.secret != nil {
+		if p, err := validate.Token(v.token.secret, k); err == nil {
+			v.pending = p
+		}
 	}
 	for _, n := range cfg.Pods.PullSecrets {
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}

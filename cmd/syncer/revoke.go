@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/raysync/raysync/internal/ledger"
+	"github.com/raysync/raysync/internal/names"
+)
+
+const revokeCommand = "revoke-previous"
+
+// runRevoke is `syncer revoke-previous`: the gateway stops accepting the token before the current one
+// now, instead of when its grace period ends. The mark is on the ledger (durable, the same for every
+// replica); the next table raysync publishes leaves the previous token out.
+func runRevoke(args []string, stdout, stderr io.Writer) int {
+	cfg, rest, err := parseCommand(revokeCommand, withRunningFlags(args), os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, `usage: syncer revoke-previous [flags]
+
+Makes the gateway refuse the previous canonical token at once (it is otherwise accepted for
+--gateway-grace after a rotation). Clients still presenting it get 403 / UNAUTHENTICATED; check
+raysync_gateway_previous_token_last_used_timestamp_seconds first. It takes the syncer's own flags
+(-n and --name find the rotation ledger). Exit 0 revoked, 1 nothing to revoke, 2 error.
+
+`)
+		return 0
+	}
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("unexpected argument %q", rest[0])
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "syncer revoke-previous:", firstLine(err.Error()))
+		return statusError
+	}
+	rc, err := restConfig(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "syncer revoke-previous:", err)
+		return statusError
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		fmt.Fprintln(stderr, "syncer revoke-previous:", err)
+		return statusError
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := cfg.rotationLedger
+	s, err := kube.CoreV1().Secrets(n.Namespace).Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		fmt.Fprintf(stderr, "syncer revoke-previous: rotation ledger %s: %v\n", n, err)
+		return statusError
+	}
+	l := ledger.Read(s)
+	prev, ok := l.Previous()
+	if !ok {
+		fmt.Fprintln(stdout, "no previous token: raysync has numbered one rotation so far")
+		return statusOutOfSync
+	}
+	cur := strconv.Itoa(l[len(l)-1].ID)
+	if s.Annotations[names.PreviousRevokedAnnotation] == cur {
+		fmt.Fprintf(stdout, "the token of rotation %d is already revoked\n", prev.ID)
+		return 0
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[names.PreviousRevokedAnnotation] = cur
+	if _, err := kube.CoreV1().Secrets(n.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: "raysync-revoke"}); err != nil {
+		fmt.Fprintf(stderr, "syncer revoke-previous: %v\n", err)
+		return statusError
+	}
+	fmt.Fprintf(stdout, "revoked the token of rotation %d: the gateway accepts only rotation %s's (and a pending one) from its next table\n", prev.ID, cur)
+	return 0
+}

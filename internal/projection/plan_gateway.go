@@ -1,0 +1,163 @@
+package projection
+
+// What raysync keeps for the gateway: one table of every routed object (which cluster, which head
+// Service, which token its processes run on) and the client tokens it accepts; and an ExternalName
+// Service <name>-gw per RayService and RayCluster, the stable address clients use.
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/raysync/raysync/internal/gateway"
+	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
+)
+
+// GatewayAddressSuffix names an object's address: <name>-gw.
+const GatewayAddressSuffix = "-gw"
+
+// gatewayAddressOwner is the object a cluster's address belongs to: its RayService, else itself.
+func gatewayAddressOwner(in *ClusterInput) *unstructured.Unstructured {
+	if ownerKind(in.Cluster) == "RayService" {
+		return in.Owner // nil until the RayService is in the cache
+	}
+	return in.Cluster
+}
+
+// gatewayAddressName is the address Service's name for obj ("" when the name would not be a valid one).
+func gatewayAddressName(obj *unstructured.Unstructured) string {
+	n := obj.GetName() + GatewayAddressSuffix
+	if len(validation.IsDNS1035Label(n)) > 0 {
+		return ""
+	}
+	return n
+}
+
+// desiredGatewayAddress is the ExternalName Service pointing obj's address at the gateway, owned by
+// obj (so it is garbage-collected with it).
+func desiredGatewayAddress(obj *unstructured.Unstructured, gatewayService string) *corev1.Service {
+	f := false
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: gatewayAddressName(obj), Namespace: obj.GetNamespace(),
+			Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+			Annotations: map[string]string{names.KindAnnotation: names.KindGatewayAddress},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: obj.GetAPIVersion(), Kind: obj.GetKind(), Name: obj.GetName(),
+				UID: obj.GetUID(), BlockOwnerDeletion: &f}}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: gatewayService,
+			Ports: []corev1.ServicePort{{Name: "dashboard", Port: 8265}, {Name: "client", Port: 10001}}},
+	}
+}
+
+// planGatewayAddress keeps the cluster's address (its RayService's, for a RayService's cluster).
+func planGatewayAddress(in *ClusterInput, cfg Config, p *ClusterPlan) {
+	obj := gatewayAddressOwner(in)
+	if cfg.Gateway.Service == "" || obj == nil || gatewayAddressName(obj) == "" || !cfg.managed(in.Cluster) {
+		return
+	}
+	want, cur := desiredGatewayAddress(obj, cfg.Gateway.Service), in.GatewayAddress
+	switch {
+	case cur == nil:
+		p.Actions = append(p.Actions, CreateService{Service: want})
+	case cur.Labels[names.ManagedByLabel] != names.ManagedByValue:
+		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
+			"Service %s already exists and is not managed by raysync: the gateway address of %s %s is not kept (clients cannot use it)",
+			cur.Name, obj.GetKind(), obj.GetName()))
+	case cur.Spec.Type != want.Spec.Type || cur.Spec.ExternalName != want.Spec.ExternalName || len(cur.Spec.Ports) != len(want.Spec.Ports):
+		next := cur.DeepCopy()
+		next.Spec = want.Spec
+		p.Actions = append(p.Actions, UpdateService{Service: next})
+	}
+}
+
+// headService is the name of the cluster's own head Service (KubeRay: spec.headGroupSpec.headService's
+// name when set, else <cluster>-head-svc).
+func headService(rc *unstructured.Unstructured) string {
+	if n, _, _ := unstructured.NestedString(rc.Object, "spec", "headGroupSpec", "headService", "metadata", "name"); n != "" {
+		return n
+	}
+	return rc.GetName() + "-head-svc"
+}
+
+// runsOn is the token the cluster's processes run on, when raysync can say (nil: no route).
+func runsOn(v clusterView) []byte {
+	if v.plan.Status.Token != names.StateInSync || !v.in.Sources.token.valid() {
+		return nil // missing, not owned, not yet written, or an invalid source: nothing to forward with
+	}
+	if v.in.Target != nil {
+		return v.in.Target.Data[kuberay.AuthTokenKey] // raysync keeps it on what the processes hold
+	}
+	if v.plan.Rotation.State == names.TokenCurrent {
+		return v.in.Sources.token.value // reading the source itself, started after its last change
+	}
+	return nil
+}
+
+// planGatewayTable is the gateway's table for the fleet at now; nil when the canonical source is not
+// valid (the published table then stays as it is).
+func planGatewayTable(views []clusterView, src *sourceView, cfg Config, now time.Time) *gateway.Table {
+	if !src.token.valid() {
+		return nil
+	}
+	t := &gateway.Table{Accept: []gateway.Accepted{{Credential: gateway.Current, SHA256: gateway.Digest(src.token.value)}},
+		Tokens: map[string][]byte{}, Routes: map[string]gateway.Route{}}
+	if prev, ok := src.ledger.Previous(); ok && src.rotation.ID != 0 && prev.Accept != "" && cfg.Gateway.Grace > 0 &&
+		src.previousRevoked != src.rotation.ID {
+		if until := src.rotation.FirstSeen.Add(cfg.Gateway.Grace); now.Before(until) {
+			t.Accept = append(t.Accept, gateway.Accepted{Credential: gateway.Previous, SHA256: prev.Accept, Until: &until})
+		}
+	}
+	if len(src.pending) > 0 && gateway.Digest(src.pending) != t.Accept[0].SHA256 {
+		t.Accept = append(t.Accept, gateway.Accepted{Credential: gateway.Pending, SHA256: gateway.Digest(src.pending)})
+	}
+	route := func(key, kind string, v clusterView, token []byte) {
+		id := tokenDigest(token)
+		t.Tokens[id] = token
+		t.Routes[key] = gateway.Route{Kind: kind, Cluster: v.in.Cluster.GetName(), Service: headService(v.in.Cluster), Token: id}
+	}
+	for _, v := range views {
+		if token := runsOn(v); token != nil && v.in.Cluster.GetDeletionTimestamp() == nil {
+			route(v.in.Cluster.GetNamespace()+"/"+v.in.Cluster.GetName(), "RayCluster", v, token)
+		}
+	}
+	// A RayService routes to its active cluster, with that cluster's token (one snapshot: never the
+	// new cluster with the old token); it wins over a RayCluster of the same name.
+	for _, v := range views {
+		rc := v.in.Cluster
+		if token := runsOn(v); token != nil && ownerKind(rc) == "RayService" && v.in.Owner != nil && activeCluster(v.in.Owner) == rc.GetName() {
+			route(rc.GetNamespace()+"/"+v.in.Owner.GetName(), "RayService", v, token)
+		}
+	}
+	return t
+}
+
+// desiredGatewayTableSecret is the Secret holding the encoded table; cur is it as it is (nil: absent).
+func desiredGatewayTableSecret(cfg Config, cur *corev1.Secret, table []byte) *corev1.Secret {
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: cfg.Gateway.Table.Name, Namespace: cfg.Gateway.Table.Namespace,
+			Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+			Annotations: map[string]string{names.KindAnnotation: names.KindGatewayTable}},
+		Type: corev1.SecretTypeOpaque,
+	}
+	if cur != nil {
+		s = cur.DeepCopy()
+	}
+	s.Data = map[string][]byte{gateway.TableKey: table}
+	return s
+}
+
+// tableExpiry is how long until an accepted credential of t expires (0: none will): the table is
+// planned again then.
+func tableExpiry(t *gateway.Table, now time.Time) time.Duration {
+	var d time.Duration
+	for _, a := range t.Accept {
+		if a.Until != nil && a.Until.After(now) && (d == 0 || a.Until.Sub(now) < d) {
+			d = a.Until.Sub(now) + time.Second
+		}
+	}
+	return d
+}
