@@ -56,6 +56,7 @@ type result struct {
 	Memory    []memoryResult    `json:"memory"`
 	ESO       *esoResult        `json:"external_secrets_operator,omitempty"`
 	RealRay   *realRayResult    `json:"real_ray,omitempty"`
+	Gateway   *gatewayResult    `json:"gateway,omitempty"`
 }
 
 // esoResult is raysync and External Secrets Operator on the same N targets, run alternately.
@@ -119,7 +120,7 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
-	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission,realray", "which scenarios to run (realray: Ray 2.60 itself; not in -smoke unless named)")
+	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission,realray,gateway", "which scenarios to run (realray: Ray 2.60 itself; not in -smoke unless named)")
 	runningPolicies := flag.String("running-policies", "hold,restart", "standalone clusters' rotation policies the running scenario measures, one run each")
 	before := flag.String("before", "77f3cf1", "the raysync commit whose rotation behaviour the fleet scenario compares with (before safe rotation)")
 	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
@@ -211,6 +212,14 @@ func main() {
 	if run["realray"] {
 		r := (&bench{cp: cp, bin: bin, ns: realRayNamespace}).realRay(4)
 		res.RealRay = &r
+	}
+	if run["gateway"] {
+		rate, each := 1000, 20*time.Second
+		if *smoke {
+			rate, each = 100, 2*time.Second
+		}
+		r := (&bench{cp: cp, bin: bin, ns: "gateway"}).gatewayBench(rate, each)
+		res.Gateway = &r
 	}
 	if run["fleet"] {
 		res.Fleet = (&bench{cp: cp, bin: bin, ns: fleetNamespace}).fleetRotation(fleetN, fleetBounds, *before, fleetLimit)
@@ -601,6 +610,7 @@ func printRealRay(r *realRayResult) {
 }
 
 func printTable(r result) {
+	defer printGateway(r.Gateway)
 	defer printRealRay(r.RealRay)
 	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
 	if len(r.Race) > 0 {

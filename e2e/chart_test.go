@@ -747,3 +747,103 @@ func (e *Env) StartSyncerUnderChart(args ...string) *Syncer {
 	e.lastKubeconfig, e.lastRelease = kubeconfig, rel
 	return e.StartSyncerAs(kubeconfig, append(rest, "--name="+release+"-raysync", "--leader-election-namespace="+rel)...)
 }
+
+// TestChartGateway renders the gateway: its own pods (no selector of the controller's matches them, or
+// the reverse), a Role on exactly its table Secret, the Service and PDB, and the controller's gateway
+// flags and rights.
+func TestChartGateway(t *testing.T) {
+	const rel, fullname = "raysync", "rs-raysync"
+	out, err := helm(t, "template", "rs", chart, "--namespace", rel, "--set",
+		"authSource.namespace=raysync,authSource.name=ray-token,namespaces={ml},gateway.enabled=true,gateway.pendingKey=next,gateway.grace=12h,serviceMonitor.enabled=true,prometheusRule.enabled=true")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	objs := map[string]*unstructured.Unstructured{}
+	for _, o := range renderedObjects(t, out) {
+		objs[o.GetKind()+"/"+o.GetName()] = o
+	}
+	gw := fullname + "-gateway"
+	for _, k := range []string{"Deployment/" + gw, "Service/" + gw, "PodDisruptionBudget/" + gw, "ServiceAccount/" + gw, "Role/" + gw, "RoleBinding/" + gw, "ServiceMonitor/" + gw} {
+		if objs[k] == nil {
+			t.Errorf("no %s", k)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	podLabels := func(name string) map[string]any {
+		l, _, _ := unstructured.NestedMap(objs["Deployment/"+name].Object, "spec", "template", "metadata", "labels")
+		return l
+	}
+	selects := func(sel, labels map[string]any) bool {
+		for k, v := range sel {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+	for _, k := range []string{"Deployment/" + fullname, "Service/" + fullname + "-metrics", "Service/" + fullname + "-webhook", "PodDisruptionBudget/" + fullname} {
+		sel, _, _ := unstructured.NestedMap(objs[k].Object, "spec", "selector")
+		if m, ok := sel["matchLabels"].(map[string]any); ok {
+			sel = m
+		}
+		if selects(sel, podLabels(gw)) {
+			t.Errorf("%s selects the gateway's pods", k)
+		}
+	}
+	sel, _, _ := unstructured.NestedMap(objs["Service/"+gw].Object, "spec", "selector")
+	if !selects(sel, podLabels(gw)) || selects(sel, podLabels(fullname)) {
+		t.Errorf("the gateway Service selects %v: want the gateway's pods only", sel)
+	}
+	rules, _, _ := unstructured.NestedSlice(objs["Role/"+gw].Object, "rules")
+	if got := jsonOf(rules); got != `[{"apiGroups":[""],"resourceNames":["rs-raysync-gateway"],"resources":["secrets"],"verbs":["get","list","watch"]}]` {
+		t.Errorf("the gateway's rights: %s (want its table Secret only)", got)
+	}
+	c, _, _ := unstructured.NestedSlice(objs["Deployment/"+gw].Object, "spec", "template", "spec", "containers")
+	args := jsonOf(c[0].(map[string]any)["args"])
+	for _, want := range []string{`"gateway"`, `"--table-secret=raysync/rs-raysync-gateway"`} {
+		if !strings.Contains(args, want) {
+			t.Errorf("gateway args %s lack %s", args, want)
+		}
+	}
+	c, _, _ = unstructured.NestedSlice(objs["Deployment/"+fullname].Object, "spec", "template", "spec", "containers")
+	args = jsonOf(c[0].(map[string]any)["args"])
+	for _, want := range []string{`"--gateway-table=raysync/rs-raysync-gateway"`, `"--gateway-service=rs-raysync-gateway.raysync.svc.cluster.local"`,
+		`"--gateway-grace=12h"`, `"--gateway-pending-key=next"`, `"--rotation-policy-rayservice=gateway"`} {
+		if !strings.Contains(args, want) {
+			t.Errorf("controller args %s lack %s", args, want)
+		}
+	}
+	// The controller keeps the <name>-gw Services in the listed namespaces and may write its table.
+	var services, table bool
+	for _, o := range objs {
+		if o.GetKind() != "Role" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		j := jsonOf(rules)
+		services = services || (o.GetNamespace() == "ml" && strings.Contains(j, `"services"`) && strings.Contains(j, `"create"`))
+		table = table || strings.Contains(j, `"rs-raysync-gateway"`) && strings.Contains(j, `"update"`)
+	}
+	if !services || !table {
+		t.Errorf("controller RBAC: Services in ml %v, the table Secret %v", services, table)
+	}
+	pr, _, _ := unstructured.NestedSlice(objs["PrometheusRule/"+fullname].Object, "spec", "groups")
+	if !strings.Contains(jsonOf(pr), "RaysyncGatewayUpstreamAuthFailures") || !strings.Contains(jsonOf(pr), `up{job=\"rs-raysync-gateway\"}`) {
+		t.Error("the PrometheusRule lacks the gateway's alerts, or their job")
+	}
+	// Off by default: nothing of it.
+	out, err = helm(t, "template", "rs", chart, "--namespace", rel, "--set", "authSource.namespace=raysync,authSource.name=ray-token,namespaces={ml}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "gateway") {
+		t.Error("the gateway is rendered although gateway.enabled is false")
+	}
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

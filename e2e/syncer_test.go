@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -90,6 +92,16 @@ func (e *Env) StartSyncerUnready(args ...string) *Syncer {
 
 func (e *Env) startSyncer(kubeconfig, probe string, args ...string) *Syncer {
 	e.t.Helper()
+	if !hasFlag(args, "--leader-elect") {
+		args = append(args, "--leader-elect=false")
+	}
+	return e.startBinary(kubeconfig, probe, nil, nil, args...)
+}
+
+// startBinary runs the syncer binary (argv0: a subcommand and its first arguments) on loopback ports
+// of its own and waits for probe; on cleanup it stops it and checks nothing it exposed holds a secret.
+func (e *Env) startBinary(kubeconfig, probe string, env, argv0 []string, args ...string) *Syncer {
+	e.t.Helper()
 	path, err := buildSyncer()
 	if err != nil {
 		e.t.Fatal(err)
@@ -101,14 +113,12 @@ func (e *Env) startSyncer(kubeconfig, probe string, args ...string) *Syncer {
 	s := &Syncer{t: e.t, out: &lockedBuffer{}, done: make(chan struct{}),
 		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0]),
 		ProbeURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
-	full := append([]string{"--kubeconfig=" + kubeconfig,
+	full := append(append(slices.Clone(argv0), "--kubeconfig="+kubeconfig,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
-		"--log-level=debug"}, args...)
-	if !hasFlag(args, "--leader-elect") {
-		full = append(full, "--leader-elect=false")
-	}
+		"--log-level=debug"), args...)
 	s.cmd = exec.Command(path, full...)
+	s.cmd.Env = append(os.Environ(), env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {

@@ -102,6 +102,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	}
 	// A Secret created before now arrived unseen: raysync cannot tell it was not read (mayHaveBeenRead).
 	c.gather.watchingSince.Store(c.now().UnixNano())
+	// One fleet pass at start whatever the events: a new leader publishes the gateway's table even
+	// with no cluster in scope.
+	c.enqueue(informer.Key{Kind: informer.WaveKey})
 	c.log.Info("starting workers", zap.Int("workers", workers))
 	var wg sync.WaitGroup
 	for range workers {

@@ -1,0 +1,303 @@
+package main
+
+// Scenario gateway: what the gateway costs a caller. Latency at a paced 1,000 requests/s on loopback
+// against calling the upstream directly; the `syncer gateway` process's peak RSS with a table of 10
+// and of 1,000 routed clusters under that load; Ray Client (gRPC over h2c, one bidirectional
+// stream) throughput through the gateway against direct.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/gateway"
+)
+
+type gatewayResult struct {
+	Rate           int     `json:"requests_per_second"`
+	Seconds        int     `json:"seconds_each"`
+	DirectP50Ms    float64 `json:"direct_p50_ms"`
+	DirectP99Ms    float64 `json:"direct_p99_ms"`
+	GatewayP50Ms   float64 `json:"gateway_p50_ms"`
+	GatewayP99Ms   float64 `json:"gateway_p99_ms"`
+	OverheadP50Ms  float64 `json:"overhead_p50_ms"`
+	OverheadP99Ms  float64 `json:"overhead_p99_ms"`
+	RSS10MiB       float64 `json:"peak_rss_10_routes_mib"`
+	RSS1000MiB     float64 `json:"peak_rss_1000_routes_mib"`
+	GRPCDirectMBs  float64 `json:"grpc_direct_mb_per_s"`
+	GRPCGatewayMBs float64 `json:"grpc_gateway_mb_per_s"`
+}
+
+const gatewayToken = "bench-client-token-0123456789abcdef"
+
+var clusterTok = []byte("bench-cluster-token-0123456789abcdef")
+
+// benchTable routes n RayClusters c0…c(n-1) in namespace ns, all on one cluster token.
+func benchTable(ns string, n int) *gateway.Table {
+	t := &gateway.Table{Accept: []gateway.Accepted{{Credential: gateway.Current, SHA256: gateway.Digest([]byte(gatewayToken))}},
+		Tokens: map[string][]byte{"t": clusterTok}, Routes: map[string]gateway.Route{}}
+	for i := range n {
+		name := fmt.Sprintf("c%d", i)
+		t.Routes[ns+"/"+name] = gateway.Route{Kind: "RayCluster", Cluster: name, Service: name + "-head-svc", Token: "t"}
+	}
+	return t
+}
+
+// upstream is a head's Jobs API stand-in: 200 for the cluster token, a small JSON body.
+func upstream() (addr string, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+string(clusterTok) {
+			http.Error(w, "Forbidden", http.StatusForbidden)
+			return
+		}
+		_, _ = io.WriteString(w, `{"jobs": []}`)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }
+}
+
+// paced sends rate requests per second for d, each on its own schedule (open loop), and returns the
+// latencies in milliseconds.
+func paced(rate int, d time.Duration, mk func() *http.Request, c *http.Client) []float64 {
+	interval := time.Second / time.Duration(rate)
+	n := int(d / interval)
+	lat := make([]float64, n)
+	done := make(chan struct{}, n)
+	start := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		go func() {
+			t0 := time.Now()
+			resp, err := c.Do(mk())
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			if err != nil || resp.StatusCode != 200 {
+				check(fmt.Errorf("gateway bench: a call failed: %v", err))
+			}
+			lat[i] = float64(time.Since(t0).Microseconds()) / 1000
+			done <- struct{}{}
+		}()
+	}
+	for range n {
+		<-done
+	}
+	sort.Float64s(lat)
+	return lat
+}
+
+func (b *bench) gatewayBench(rate int, each time.Duration) gatewayResult {
+	r := gatewayResult{Rate: rate, Seconds: int(each.Seconds())}
+	up, stopUp := upstream()
+	defer stopUp()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+
+	// Latency: the gateway's own code, in process, in front of the same upstream.
+	g := gateway.New(gateway.Options{DashboardPort: 8265, ClientPort: 10001,
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, up)
+		}})
+	g.SetTable(benchTable(b.ns, 10))
+	gln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	gsrv := &http.Server{Handler: g.Dashboard()}
+	go func() { _ = gsrv.Serve(gln) }()
+	defer gsrv.Close()
+	mkDirect := func() *http.Request {
+		req, _ := http.NewRequest("GET", "http://"+up+"/api/jobs/", nil)
+		req.Header.Set("Authorization", "Bearer "+string(clusterTok))
+		return req
+	}
+	mkGateway := func(addr string) func() *http.Request {
+		return func() *http.Request {
+			req, _ := http.NewRequest("GET", "http://"+addr+"/api/jobs/", nil)
+			req.Host = "c1-gw." + b.ns + ".svc.cluster.local:8265"
+			req.Header.Set("Authorization", "Bearer "+gatewayToken)
+			return req
+		}
+	}
+	paced(rate, 2*time.Second, mkDirect, client) // warm both paths
+	paced(rate, 2*time.Second, mkGateway(gln.Addr().String()), client)
+	d := paced(rate, each, mkDirect, client)
+	gw := paced(rate, each, mkGateway(gln.Addr().String()), client)
+	r.DirectP50Ms, r.DirectP99Ms, r.GatewayP50Ms, r.GatewayP99Ms = pct(d, 50), pct(d, 99), pct(gw, 50), pct(gw, 99)
+	r.OverheadP50Ms, r.OverheadP99Ms = r.GatewayP50Ms-r.DirectP50Ms, r.GatewayP99Ms-r.DirectP99Ms
+
+	// RSS: the gateway process with a table of 10 and of 1,000 routes, under the same load. It dials
+	// heads through an HTTP proxy (as in the e2e suite) that sends every request to the upstream.
+	proxyAddr, stopProxy := forwardTo(up)
+	defer stopProxy()
+	rc, err := clientcmd.BuildConfigFromFlags("", b.cp.Kubeconfig)
+	check(err)
+	kube, err := kubernetes.NewForConfig(rc)
+	check(err)
+	_, _ = kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{})
+	for _, n := range []int{10, 1000} {
+		enc, err := benchTable(b.ns, n).Encode()
+		check(err)
+		name := fmt.Sprintf("gateway-%d", n)
+		_, err = kube.CoreV1().Secrets(b.ns).Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Data: map[string][]byte{gateway.TableKey: enc}}, metav1.CreateOptions{})
+		check(err)
+		dash, err := framework.FreePort()
+		check(err)
+		probe, err := framework.FreePort()
+		check(err)
+		cmd := exec.Command(b.bin, "gateway", "--kubeconfig="+b.cp.Kubeconfig, "--table-secret="+b.ns+"/"+name,
+			fmt.Sprintf("--dashboard-addr=127.0.0.1:%d", dash), "--client-addr=127.0.0.1:0", "--metrics-bind-address=0",
+			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe), "--log-level=warn", "--drain-delay=0s")
+		cmd.Env = append(os.Environ(), "HTTP_PROXY=http://"+proxyAddr, "NO_PROXY=127.0.0.1,localhost")
+		cmd.Stderr = os.Stderr
+		p := startProc(cmd, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe), "")
+		paced(rate, each, mkGateway(fmt.Sprintf("127.0.0.1:%d", dash)), client)
+		if n == 10 {
+			r.RSS10MiB = p.peakRSSMiB()
+		} else {
+			r.RSS1000MiB = p.peakRSSMiB()
+		}
+		p.stop()
+	}
+
+	// Ray Client: one bidirectional stream of 64 KiB messages for `each`, echoed by the upstream.
+	echo, stopEcho := h2cEcho()
+	defer stopEcho()
+	gc := gateway.New(gateway.Options{DashboardPort: 8265, ClientPort: 10001,
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, echo)
+		}})
+	gc.SetTable(benchTable(b.ns, 10))
+	cln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	csrv := &http.Server{Handler: gc.Client()}
+	csrv.Protocols = new(http.Protocols)
+	csrv.Protocols.SetUnencryptedHTTP2(true)
+	go func() { _ = csrv.Serve(cln) }()
+	defer csrv.Close()
+	r.GRPCDirectMBs = streamMBs(echo, "c1-gw."+b.ns+":10001", "Bearer "+string(clusterTok), each)
+	r.GRPCGatewayMBs = streamMBs(cln.Addr().String(), "c1-gw."+b.ns+":10001", "Bearer "+gatewayToken, each)
+	return r
+}
+
+// forwardTo is an HTTP forward proxy sending every request to addr.
+func forwardTo(addr string) (string, func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	tr := &http.Transport{MaxIdleConnsPerHost: 256}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out := r.Clone(r.Context())
+		out.URL = &url.URL{Scheme: "http", Host: addr, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
+		out.RequestURI = ""
+		resp, err := tr.RoundTrip(out)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }
+}
+
+// h2cEcho echoes gRPC-framed messages on one stream, as a Ray Client server would answer them.
+func h2cEcho() (string, func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		buf := make([]byte, 64<<10+5)
+		for {
+			if _, err := io.ReadFull(r.Body, buf[:5]); err != nil {
+				break
+			}
+			n := binary.BigEndian.Uint32(buf[1:5])
+			if _, err := io.ReadFull(r.Body, buf[5:5+n]); err != nil {
+				break
+			}
+			_, _ = w.Write(buf[:5+n])
+			w.(http.Flusher).Flush()
+		}
+		w.Header().Set(http.TrailerPrefix+"Grpc-Status", "0")
+	})}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }
+}
+
+// streamMBs sends 64 KiB messages on one stream for d, each after the previous echo, and returns the
+// echoed megabytes per second.
+func streamMBs(addr, authority, auth string, d time.Duration) float64 {
+	tr := &http.Transport{}
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", "http://"+addr+"/ray.rpc.RayletDriver/Datapath", pr)
+	req.Host = authority
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	req.Header.Set("Authorization", auth)
+	msg := make([]byte, 5+64<<10)
+	binary.BigEndian.PutUint32(msg[1:5], 64<<10)
+	_, _ = rand.Read(msg[5:])
+	respc := make(chan *http.Response, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		check(err)
+		respc <- resp
+	}()
+	_, err := pw.Write(msg)
+	check(err)
+	resp := <-respc
+	defer resp.Body.Close()
+	buf := make([]byte, len(msg))
+	var bytes int64
+	start := time.Now()
+	for time.Since(start) < d {
+		_, err := io.ReadFull(resp.Body, buf)
+		check(err)
+		bytes += int64(len(buf))
+		_, err = pw.Write(msg)
+		check(err)
+	}
+	pw.Close()
+	return float64(bytes) / time.Since(start).Seconds() / 1e6
+}
+
+func printGateway(r *gatewayResult) {
+	if r == nil {
+		return
+	}
+	fmt.Printf("\n| gateway, %d requests/s on loopback, %d s each | p50 | p99 |\n|---|---|---|\n", r.Rate, r.Seconds)
+	fmt.Printf("| direct to the upstream | %.3f ms | %.3f ms |\n| through the gateway | %.3f ms | %.3f ms |\n| overhead (goal: p50 ≤ +0.1 ms, p99 ≤ +1 ms) | %+.3f ms | %+.3f ms |\n",
+		r.DirectP50Ms, r.DirectP99Ms, r.GatewayP50Ms, r.GatewayP99Ms, r.OverheadP50Ms, r.OverheadP99Ms)
+	fmt.Printf("\n| gateway process | |\n|---|---|\n| peak RSS, table of 10 clusters, under load | %.1f MiB |\n| peak RSS, table of 1,000 clusters, under load | %.1f MiB |\n", r.RSS10MiB, r.RSS1000MiB)
+	fmt.Printf("| Ray Client stream (64 KiB messages, echoed) direct / through the gateway | %.0f / %.0f MB/s |\n", r.GRPCDirectMBs, r.GRPCGatewayMBs)
+}
