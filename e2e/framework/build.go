@@ -91,17 +91,7 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 		ControllerManager: filepath.Join(bin, "kube-controller-manager-"+KubernetesVersion),
 		KubeRay:           filepath.Join(bin, "kuberay-operator-"+kuberayVersion),
 	}
-	ldflags := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
-		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
-	steps := []struct {
-		out, dir string
-		args     []string
-	}{
-		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w" + ldflags, "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
-		{b.APIServer, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.APIServer + ".tmp", "k8s.io/kubernetes/cmd/kube-apiserver"}},
-		{b.ControllerManager, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", b.ControllerManager + ".tmp", "k8s.io/kubernetes/cmd/kube-controller-manager"}},
-	}
-	for _, s := range steps {
+	for _, s := range controlPlaneSteps(b, root) {
 		if fileExists(s.out) {
 			continue
 		}
@@ -136,6 +126,29 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 	return b, nil
 }
 
+// buildStep is one `go build` of a control-plane binary into out.
+type buildStep struct {
+	out, dir string
+	args     []string
+}
+
+// controlPlaneSteps are the builds of etcd and the two Kubernetes binaries: each stamped the way its
+// release build is (Kubernetes reports its version from -X flags; etcd needs none).
+func controlPlaneSteps(b *Binaries, root string) []buildStep {
+	kube := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
+		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
+	return []buildStep{
+		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w", "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
+		{b.APIServer, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.APIServer + ".tmp", "k8s.io/kubernetes/cmd/kube-apiserver"}},
+		{b.ControllerManager, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.ControllerManager + ".tmp", "k8s.io/kubernetes/cmd/kube-controller-manager"}},
+	}
+}
+
+// toolArgs is the `go build` of a tool into out, with extra -X flags appended to -s -w.
+func toolArgs(out, pkg, ldflags string) []string {
+	return []string{"build", "-trimpath", "-ldflags=-s -w" + ldflags, "-o", out + ".tmp", pkg}
+}
+
 // EnsureTool builds package pkg of the tools module in dir (relative to the repository) into the
 // cache as name, unless it is there already, and returns its path.
 func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ...any)) (string, error) {
@@ -165,7 +178,7 @@ func ensureTool(ctx context.Context, name, dir, pkg, ldflags string, logf func(s
 		return out, nil
 	}
 	logf("building %s (first run only)", name)
-	if err := goCmd(ctx, filepath.Join(root, dir), nil, "build", "-trimpath", "-ldflags=-s -w"+ldflags, "-o", out+".tmp", pkg); err != nil {
+	if err := goCmd(ctx, filepath.Join(root, dir), nil, toolArgs(out, pkg, ldflags)...); err != nil {
 		return "", err
 	}
 	return out, os.Rename(out+".tmp", out)
@@ -181,13 +194,17 @@ const helmKubeVersion = "1.37"
 
 // EnsureHelm builds helm into the cache if needed and returns its path.
 func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) {
+	return ensureTool(ctx, "helm-"+HelmVersion+"-k"+helmKubeVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", helmLdflags(), logf)
+}
+
+// helmLdflags are the -X flags helm's release build sets: its version and the Kubernetes version.
+func helmLdflags() string {
 	major, minor, _ := strings.Cut(helmKubeVersion, ".")
 	var ldflags string
 	for _, p := range []string{"helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"} {
 		ldflags += " -X " + p + ".k8sVersionMajor=" + major + " -X " + p + ".k8sVersionMinor=" + minor
 	}
-	ldflags += " -X helm.sh/helm/v3/internal/version.version=" + HelmVersion
-	return ensureTool(ctx, "helm-"+HelmVersion+"-k"+helmKubeVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", ldflags, logf)
+	return ldflags + " -X helm.sh/helm/v3/internal/version.version=" + HelmVersion
 }
 
 func moduleDir(ctx context.Context, root, modVersion string) (string, error) {
