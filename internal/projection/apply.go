@@ -142,6 +142,9 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		if act.DedupKey != "" && rc != nil {
 			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.warned[act.DedupKey] = act.DedupValue })
 		}
+	default:
+		// A planner produced an action nobody taught the applier: doing nothing would look like success.
+		return fmt.Errorf("unhandled action %T", act)
 	}
 	return nil
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // Action is one step of a plan. apply.go executes a plan's actions in order and stops at the first
-// that fails (the key goes back to the queue and the next pass plans again from fresh caches).
+// that fails (the key goes back to the queue and the next pass plans again from fresh caches). Every
+// action type is declared here; the applier refuses one it has no case for.
 type Action interface{ isAction() }
 
 // CreateSecret creates a Secret the caches do not hold.
@@ -65,6 +66,19 @@ type RecordEvent struct {
 	StaleReason    string
 }
 
+// PatchRotation starts, advances or finishes a replacement or a restart.
+type PatchRotation struct {
+	// Kind is "RayService" (Patch is a server-side apply configuration with raysync's field manager,
+	// so GitOps tools applying the rest of the object leave it alone) or "RayCluster" (a JSON merge
+	// patch carrying the cluster's resourceVersion).
+	Kind, Namespace, Name string
+	Patch                 []byte
+	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
+	Starts string
+	// Completes is how long the rotation it completes took (0: it completes none).
+	Completes time.Duration
+}
+
 func (CreateSecret) isAction()  {}
 func (UpdateSecret) isAction()  {}
 func (ReplaceSecret) isAction() {}
@@ -72,6 +86,7 @@ func (DeleteSecret) isAction()  {}
 func (PatchCluster) isAction()  {}
 func (DeletePod) isAction()     {}
 func (RecordEvent) isAction()   {}
+func (PatchRotation) isAction() {}
 
 // ClusterInput is everything one decision about one RayCluster reads (gather.go fills it).
 type ClusterInput struct {

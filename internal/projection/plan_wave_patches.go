@@ -16,21 +16,6 @@ import (
 	"github.com/raysync/raysync/internal/names"
 )
 
-// PatchRotation starts, advances or finishes a replacement or a restart.
-type PatchRotation struct {
-	// Kind is "RayService" (Patch is a server-side apply configuration with raysync's field manager,
-	// so GitOps tools applying the rest of the object leave it alone) or "RayCluster" (a JSON merge
-	// patch carrying the cluster's resourceVersion).
-	Kind, Namespace, Name string
-	Patch                 []byte
-	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
-	Starts string
-	// Completes is how long the rotation it completes took (0: it completes none).
-	Completes time.Duration
-}
-
-func (PatchRotation) isAction() {}
-
 // startActions starts a replacement or a restart and says so on the objects people look at.
 func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 	stamp := now.UTC().Format(time.RFC3339)
