@@ -5,12 +5,10 @@ package projection
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -54,15 +52,8 @@ func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
 		_, err = a.dyn.Resource(kuberay.RayClusterGVR).Namespace(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, p.Patch,
 			metav1.PatchOptions{FieldManager: names.FieldManager})
 	}
-	switch {
-	case err == nil:
-	case apierrors.IsNotFound(err):
-		return errVanished
-	case apierrors.IsConflict(err):
+	if err := a.settle("patch "+p.Kind+" "+p.Namespace+"/"+p.Name+" for a token rotation", err); err != nil {
 		return err
-	default:
-		a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
-		return fmt.Errorf("patch %s %s/%s for a token rotation: %w", p.Kind, p.Namespace, p.Name, err)
 	}
 	switch {
 	case p.Starts != "":
