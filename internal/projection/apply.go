@@ -282,8 +282,8 @@ func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger)
 // clusterLog carries the fixed keys of a cluster's log lines.
 func clusterLog(log *zap.Logger, rc *unstructured.Unstructured) *zap.Logger {
 	fields := []zap.Field{zap.String("namespace", rc.GetNamespace()), zap.String("raycluster", rc.GetName())}
-	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd == "RayService" || crd == "RayJob" {
-		fields = append(fields, zap.String(strings.ToLower(crd), rc.GetLabels()[kuberay.OriginatedFromNameLabel]))
+	if owner := ownerKind(rc); owner != "" {
+		fields = append(fields, zap.String(strings.ToLower(string(owner)), rc.GetLabels()[kuberay.OriginatedFromNameLabel]))
 	}
 	return log.With(fields...)
 }

@@ -68,11 +68,12 @@ type RecordEvent struct {
 
 // PatchRotation starts, advances or finishes a replacement or a restart.
 type PatchRotation struct {
-	// Kind is "RayService" (Patch is a server-side apply configuration with raysync's field manager,
-	// so GitOps tools applying the rest of the object leave it alone) or "RayCluster" (a JSON merge
-	// patch carrying the cluster's resourceVersion).
-	Kind, Namespace, Name string
-	Patch                 []byte
+	// Kind is OwnerRayService (Patch is a server-side apply configuration with raysync's field
+	// manager, so GitOps tools applying the rest of the object leave it alone) or OwnerRayCluster (a
+	// JSON merge patch carrying the cluster's resourceVersion).
+	Kind            names.OwnerKind
+	Namespace, Name string
+	Patch           []byte
 	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
 	Starts string
 	// Completes is how long the rotation it completes took (0: it completes none).
@@ -131,8 +132,8 @@ type ClusterPlan struct {
 	// TargetHoldsCurrent: the Secret the cluster's pods read holds the current token (the source
 	// itself always does), so pods created now start on it.
 	TargetHoldsCurrent bool
-	// Rotation is where the cluster stands with its token (zero when raysync does not manage it).
-	Rotation tokenRotation
+	// Standing is where the cluster stands with its token (zero when raysync does not manage it).
+	Standing standing
 }
 
 // ClusterStatus is where one in-scope RayCluster stands. Metrics and `syncer status` both read it.
@@ -140,8 +141,8 @@ type ClusterStatus struct {
 	Namespace  string `json:"namespace"`
 	RayCluster string `json:"raycluster"`
 	// Owner is the RayService or RayJob that generated the cluster ("" for a standalone cluster).
-	Owner     string `json:"owner,omitempty"`
-	OwnerKind string `json:"ownerKind,omitempty"`
+	Owner     string          `json:"owner,omitempty"`
+	OwnerKind names.OwnerKind `json:"ownerKind,omitempty"`
 	// Mode is generated or referenced; "" when the cluster does not use token auth.
 	Mode  Mode   `json:"mode,omitempty"`
 	Token string `json:"token,omitempty"` // a names.State*; "" when not a token target
@@ -180,17 +181,17 @@ func (s ClusterStatus) InSync() bool {
 	return !s.Deferred
 }
 
-// rotation records where the cluster stands with its token.
-func (p *ClusterPlan) rotation(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) {
-	p.Rotation = classifyToken(in, cfg, t, holdsCurrent)
-	st := &RotationStatus{State: p.Rotation.State, Policy: p.Rotation.Policy, Held: p.Rotation.Held}
-	if !p.Rotation.Since.IsZero() {
-		since := p.Rotation.Since.UTC()
+// recordStanding records where the cluster stands with its token, in the plan and its status.
+func (p *ClusterPlan) recordStanding(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) {
+	p.Standing = standingOf(in, cfg, t, holdsCurrent)
+	st := &RotationStatus{State: p.Standing.State, Policy: p.Standing.Policy, Held: p.Standing.Held}
+	if !p.Standing.Since.IsZero() {
+		since := p.Standing.Since.UTC()
 		st.Since = &since
 	}
 	p.Status.Rotation = st
-	if p.Rotation.Held != "" && p.Rotation.State == names.TokenBehind {
-		p.warnOnce(in, names.ReasonRotationHeld, "this cluster keeps the token it runs on until it is restarted or deleted: "+p.Rotation.Held)
+	if p.Standing.Held != "" && p.Standing.State == names.TokenBehind {
+		p.warnOnce(in, names.ReasonRotationHeld, "this cluster keeps the token it runs on until it is restarted or deleted: "+p.Standing.Held)
 	}
 }
 
@@ -200,7 +201,7 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 	rc := in.Cluster
 	p := ClusterPlan{Status: ClusterStatus{Namespace: rc.GetNamespace(), RayCluster: rc.GetName(), StalePods: map[string]int{}}}
 	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd != "" {
-		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], crd
+		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], names.OwnerKind(crd)
 	}
 	planToken(in, cfg, &p)
 	if cfg.Pods.enabled() {

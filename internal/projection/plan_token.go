@@ -90,7 +90,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 				"spec.authOptions.secretName names the canonical source %s, but KubeRay reads key %q and the source keeps its token in %q: Ray pods will fail to start",
 				cfg.Source, kuberay.AuthTokenKey, cfg.SourceKey))
 		}
-		p.rotation(in, cfg, t, !startedBefore(in.Pods, in.Sources.rotation.FirstSeen))
+		p.recordStanding(in, cfg, t, !startedBefore(in.Pods, in.Sources.rotation.FirstSeen))
 	case cur == nil && in.Foreign[t.Name]:
 		p.Status.Token = names.StateNotOwned
 		p.Refused++
@@ -102,11 +102,11 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		// token): the cluster is behind and its policy moves it.
 		p.Status.Token = names.StateMissing
 		p.warnOnce(in, names.ReasonTargetMissing, missingMessage(t))
-		p.rotation(in, cfg, t, false)
+		p.recordStanding(in, cfg, t, false)
 	case cur == nil && t.Mode == Generated && cfg.NoPrecreate && !started:
 		// KubeRay creates it (the admission webhook gives it the token; else raysync writes it as it arrives).
 		p.Status.Token = names.StateOutOfSync
-		p.rotation(in, cfg, t, true)
+		p.recordStanding(in, cfg, t, true)
 	case cur == nil:
 		// A new cluster, or one whose containers hold the current token (its Secret was deleted).
 		p.Status.Token = names.StateOutOfSync
@@ -116,7 +116,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		}
 		p.Actions = append(p.Actions, CreateSecret{Secret: desired, Propagates: true})
 		p.event(in, corev1.EventTypeNormal, names.ReasonTokenProjected, projectedMessage(cfg.Source))
-		p.rotation(in, cfg, t, true)
+		p.recordStanding(in, cfg, t, true)
 	case !ownsTokenTarget(t, rc, cur):
 		p.Status.Token = names.StateNotOwned
 		p.Refused++
@@ -131,7 +131,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 			p.Status.Token, p.Unchanged = names.StateOutOfSync, false
 			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
 		}
-		p.rotation(in, cfg, t, true)
+		p.recordStanding(in, cfg, t, true)
 	case restores:
 		// Someone changed the Secret under containers raysync saw start on the current token: put it
 		// back, or the operator and every new pod would use a token the cluster refuses.
@@ -139,20 +139,20 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, syncedAtOr(cur, in.Now))})
 		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
 			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
-		p.rotation(in, cfg, t, true)
+		p.recordStanding(in, cfg, t, true)
 	case started:
 		// Running containers hold the token the target holds: the target stays as it is (it is what
 		// raysync wants), and the cluster is behind until a replacement or restart moves it.
 		p.Status.Token = names.StateInSync
 		p.Unchanged = true
-		p.rotation(in, cfg, t, false)
+		p.recordStanding(in, cfg, t, false)
 	case mayHaveBeenRead(cur, readers, in.Now, in.WatchingSince):
 		// A kubelet that has a reader pod may have started a container on this token before the pod's
 		// status says so (raysync was down when KubeRay created it, or the cluster was starting when
 		// the source rotated): writing now could split the cluster. It is behind; its policy moves it
 		// as a whole.
 		p.Status.Token = names.StateInSync
-		p.rotation(in, cfg, t, false)
+		p.recordStanding(in, cfg, t, false)
 	default:
 		p.Status.Token = names.StateOutOfSync
 		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
@@ -161,7 +161,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		}
 		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, in.Now), Propagates: true})
 		p.event(in, corev1.EventTypeNormal, reason, message)
-		p.rotation(in, cfg, t, true)
+		p.recordStanding(in, cfg, t, true)
 	}
 }
 
