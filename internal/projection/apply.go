@@ -106,6 +106,9 @@ func deleted(err error) error {
 // cluster executes a cluster's plan in order and stops at the first failure.
 func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInput, plan ClusterPlan) error {
 	log := clusterLog(a.log, in.Cluster)
+	if plan.TokenCase != "" {
+		log.Debug("token target classified", zap.String("case", plan.TokenCase))
+	}
 	var podErrs []error
 	for _, act := range plan.Actions {
 		err := a.do(ctx, key, in.Cluster, act, log)

@@ -134,6 +134,9 @@ type ClusterPlan struct {
 	TargetHoldsCurrent bool
 	// Standing is where the cluster stands with its token (zero when raysync does not manage it).
 	Standing standing
+	// TokenCase names what raysync made of the token target (a tokenCase), for debug logs; "" when
+	// the cluster has none.
+	TokenCase string `json:"-"`
 }
 
 // ClusterStatus is where one in-scope RayCluster stands. Metrics and `syncer status` both read it.
