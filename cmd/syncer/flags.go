@@ -59,7 +59,7 @@ type config struct {
 	allowRecreate  bool
 
 	rotationLedger        types.NamespacedName
-	rotationPolicies      map[string]string
+	rotationPolicies      map[names.OwnerKind]string
 	maxConcurrentRotation int
 	rotationTimeout       time.Duration
 
@@ -155,9 +155,9 @@ func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *fl
 	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
 	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
 	fs.StringVar(&r.ledger, "rotation-ledger", "", "Secret NAMESPACE/NAME numbering the canonical tokens raysync has seen (default <raysync's namespace, else the source's>/<name>-rotations)")
-	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies["RayService"], "how a RayService's running cluster moves to a new token: replace, restart or hold")
+	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies[names.OwnerRayService], "how a RayService's running cluster moves to a new token: replace, restart or hold")
 	fs.StringVar(&r.policyCluster, "rotation-policy-raycluster", projection.DefaultPolicies[""], "the same for a standalone RayCluster")
-	fs.StringVar(&r.policyJob, "rotation-policy-rayjob", projection.DefaultPolicies["RayJob"], "the same for a RayJob's cluster (never while its job runs)")
+	fs.StringVar(&r.policyJob, "rotation-policy-rayjob", projection.DefaultPolicies[names.OwnerRayJob], "the same for a RayJob's cluster (never while its job runs)")
 	fs.IntVar(&c.maxConcurrentRotation, "max-concurrent-rotations", projection.DefaultMaxConcurrentRotations, "replacements and restarts in flight at most")
 	fs.DurationVar(&c.rotationTimeout, "rotation-timeout", 30*time.Minute, "a replacement or restart not done by then blocks the wave (0: never)")
 	fs.BoolVar(&r.precreate, "precreate-auth-secrets", true, "create a new cluster's generated auth Secret with the canonical token before KubeRay does (false: leave it to KubeRay and the webhook)")
@@ -324,8 +324,8 @@ func (c *config) validate(r *rawFlags) error {
 	if k := c.gateway.PendingKey; k != "" && (len(validation.IsConfigMapKey(k)) > 0 || k == c.authSourceKey || c.gateway.Table.Name == "") {
 		return fmt.Errorf("--gateway-pending-key %q needs --gateway-table and must be a Secret key other than --auth-source-key", k)
 	}
-	c.rotationPolicies = map[string]string{}
-	for kind, v := range map[string]string{"RayService": r.policyService, "": r.policyCluster, "RayJob": r.policyJob} {
+	c.rotationPolicies = map[names.OwnerKind]string{}
+	for kind, v := range map[names.OwnerKind]string{names.OwnerRayService: r.policyService, "": r.policyCluster, names.OwnerRayJob: r.policyJob} {
 		switch {
 		case v == names.PolicyGateway && c.gateway.Table.Name == "":
 			return errors.New("rotation policy gateway needs --gateway-table (clients must reach the clusters through the gateway)")

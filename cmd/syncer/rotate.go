@@ -70,13 +70,13 @@ func decideRotation(c projection.ClusterStatus) rotateDecision {
 		d.why = "already " + r.State + ": its replacement or restart is in flight"
 	case r.Held != "":
 		d.why = "raysync cannot move it: " + r.Held
-	case c.OwnerKind == "RayService":
+	case c.OwnerKind == names.OwnerRayService:
 		d.action = "replaced"
 		d.why = "its RayService " + c.Owner + " starts a new cluster on the current token; traffic switches when it serves"
 	default:
 		d.action = "restarted"
 		d.why = "every pod stops, then all start on the current token"
-		if c.OwnerKind == "RayJob" {
+		if c.OwnerKind == names.OwnerRayJob {
 			d.why += " (not while its RayJob " + c.Owner + " runs)"
 		}
 	}
@@ -106,7 +106,7 @@ func resolveTargets(report *statusReport, targets []string) (map[string][]projec
 				byKind["raycluster"] = append(byKind["raycluster"], c)
 			}
 			if c.Owner == name && c.OwnerKind != "" {
-				k := strings.ToLower(c.OwnerKind)
+				k := strings.ToLower(string(c.OwnerKind))
 				byKind[k] = append(byKind[k], c)
 			}
 		}

@@ -211,7 +211,7 @@ func printStatus(w io.Writer, r *statusReport) {
 	for _, c := range r.Clusters {
 		owner := "-"
 		if c.Owner != "" {
-			owner = c.OwnerKind + "/" + c.Owner
+			owner = string(c.OwnerKind) + "/" + c.Owner
 		}
 		mode := string(c.Mode)
 		if mode == "" {

@@ -281,9 +281,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			oldest = r.Since
 		}
 	}
-	for _, kind := range []string{"RayService", "RayJob", "RayCluster"} {
+	for _, kind := range names.OwnerKinds {
 		for _, st := range names.TokenStates {
-			ch <- prometheus.MustNewConstMetric(rotationClustersDesc, prometheus.GaugeValue, float64(rotations[[2]string{kind, st}]), kind, st)
+			k := string(kind)
+			ch <- prometheus.MustNewConstMetric(rotationClustersDesc, prometheus.GaugeValue, float64(rotations[[2]string{k, st}]), k, st)
 		}
 	}
 	age := 0.0

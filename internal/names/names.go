@@ -70,6 +70,22 @@ const (
 // TokenStates lists every token rotation state.
 var TokenStates = []string{TokenCurrent, TokenBehind, TokenRotating, TokenBlocked}
 
+// OwnerKind is the kind of the KubeRay resource a RayCluster belongs to: the RayService or RayJob that
+// generated it (KubeRay's ray.io/originated-from-crd label), or RayCluster for a standalone cluster.
+// It is also the kind of the object a rotation patches, and the label value of
+// raysync_rotation_clusters{kind}. Not a Kind, which is what a target holds.
+type OwnerKind string
+
+const (
+	OwnerRayService OwnerKind = "RayService"
+	OwnerRayJob     OwnerKind = "RayJob"
+	// OwnerRayCluster: a standalone RayCluster, which is its own owner.
+	OwnerRayCluster OwnerKind = "RayCluster"
+)
+
+// OwnerKinds lists every OwnerKind, so raysync_rotation_clusters reports zeros instead of missing series.
+var OwnerKinds = []OwnerKind{OwnerRayService, OwnerRayJob, OwnerRayCluster}
+
 // Kind is what a target holds: the label value of raysync_targets{kind} and raysync_target_in_sync{kind},
 // and the value of KindAnnotation on managed copies.
 type Kind string

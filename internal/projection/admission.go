@@ -122,7 +122,7 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []pod
 		return nil, AdmitInvalid, "Secret unreadable"
 	}
 	owner := metav1.GetControllerOf(&s)
-	if owner == nil || owner.Kind != "RayCluster" {
+	if owner == nil || owner.Kind != kuberay.RayClusterGVK.Kind {
 		return nil, AdmitSkipped, "not controlled by a RayCluster"
 	}
 	rc, why := a.cluster(ctx, ns, owner.Name)

@@ -52,9 +52,63 @@ func (e *takenError) Error() string {
 // error: the delete events bring the key back if there is still something to do.
 var errVanished = errors.New("target vanished")
 
+// writeResult is what the outcome of an API write means: one policy for every write raysync makes.
+type writeResult string
+
+const (
+	writeDone writeResult = "done"
+	// writeGone: NotFound, or the namespace is terminating: what the write was aimed at is gone or
+	// going. For a delete that is done; any other write stops its plan (errVanished).
+	writeGone writeResult = "gone"
+	// writeStale: Conflict or AlreadyExists: decided on stale data. The key goes back to the queue,
+	// which logs it at debug; not counted as an error.
+	writeStale writeResult = "stale"
+	// writeFailed: anything else (Forbidden, a timeout, …): an error, counted and retried with back-off.
+	writeFailed writeResult = "failed"
+)
+
+// classifyWrite says what err, returned by an API write, means.
+func classifyWrite(err error) writeResult {
+	switch {
+	case err == nil:
+		return writeDone
+	case apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		return writeGone
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		return writeStale
+	}
+	return writeFailed
+}
+
+// settle applies the write policy to err, the result of the write that what describes ("update
+// Secret ns/name"): nil when done, errVanished when gone, else err with that context, counted in
+// raysync_sync_total{result=error} when it is not merely stale.
+func (a *applier) settle(what string, err error) error {
+	switch classifyWrite(err) {
+	case writeDone:
+		return nil
+	case writeGone:
+		return errVanished
+	case writeFailed:
+		a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// deleted is a delete's result: one that found its object gone is done.
+func deleted(err error) error {
+	if errors.Is(err, errVanished) {
+		return nil
+	}
+	return err
+}
+
 // cluster executes a cluster's plan in order and stops at the first failure.
 func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInput, plan ClusterPlan) error {
 	log := clusterLog(a.log, in.Cluster)
+	if plan.TokenCase != "" {
+		log.Debug("token target classified", zap.String("case", plan.TokenCase))
+	}
 	var podErrs []error
 	for _, act := range plan.Actions {
 		err := a.do(ctx, key, in.Cluster, act, log)
@@ -109,7 +163,7 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		}
 		a.wrote(key, rc, act.Secret, act.Propagates)
 	case ReplaceSecret:
-		if err := a.delete(ctx, act.Old, log); err != nil && !errors.Is(err, errVanished) {
+		if err := deleted(a.delete(ctx, act.Old, log)); err != nil {
 			return err
 		}
 		if err := a.create(ctx, act.New, log); err != nil {
@@ -117,7 +171,7 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		}
 		a.metrics.Syncs.WithLabelValues(names.ResultUpdated).Inc()
 	case DeleteSecret:
-		if err := a.delete(ctx, act.Secret, log); err != nil && !errors.Is(err, errVanished) && !apierrors.IsConflict(err) {
+		if err := deleted(a.delete(ctx, act.Secret, log)); err != nil {
 			return err
 		}
 	case PatchCluster:
@@ -144,6 +198,9 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		if act.DedupKey != "" && rc != nil {
 			a.memory.update(key, rc.GetUID(), func(m *clusterMemory) { m.warned[act.DedupKey] = act.DedupValue })
 		}
+	default:
+		// A planner produced an action nobody taught the applier: doing nothing would look like success.
+		return fmt.Errorf("unhandled action %T", act)
 	}
 	return nil
 }
@@ -163,25 +220,18 @@ func (a *applier) delete(ctx context.Context, s *corev1.Secret, log *zap.Logger)
 	})
 }
 
-// write runs one Secret write (or logs it under dry-run) and classifies its failure.
+// write runs one Secret write (or logs it under dry-run) and settles its result.
 func (a *applier) write(ctx context.Context, verb string, s *corev1.Secret, log *zap.Logger, call func() error) error {
 	log = log.With(zap.String("secret", s.Name))
 	if a.dryRun {
 		log.Info("dry-run: would " + verb + " Secret")
 		return nil
 	}
-	err := call()
-	switch {
-	case err == nil:
+	err := a.settle(verb+" Secret "+s.Namespace+"/"+s.Name, call())
+	if err == nil {
 		log.Info(verb + "d Secret")
-		return nil
-	case apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
-		return errVanished
-	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
-		return err // decided on stale data: back to the queue, not an error of raysync's
 	}
-	a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
-	return fmt.Errorf("%s Secret %s/%s: %w", verb, s.Namespace, s.Name, err)
+	return err
 }
 
 // wrote accounts for a successful create or update.
@@ -210,17 +260,10 @@ func (a *applier) patch(ctx context.Context, act PatchCluster, log *zap.Logger) 
 	}
 	_, err := a.dyn.Resource(kuberay.RayClusterGVR).Namespace(act.Namespace).Patch(ctx, act.Name, types.MergePatchType, act.Patch,
 		metav1.PatchOptions{FieldManager: names.FieldManager})
-	switch {
-	case err == nil:
+	if err = a.settle("patch RayCluster "+act.Namespace+"/"+act.Name+" templates", err); err == nil {
 		log.Info("pod templates patched with raysync's entries", zap.Bool("reapplied", act.Reapplied))
-		return nil
-	case apierrors.IsNotFound(err):
-		return errVanished
-	case apierrors.IsConflict(err):
-		return err
 	}
-	a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
-	return fmt.Errorf("patch RayCluster %s/%s templates: %w", act.Namespace, act.Name, err)
+	return err
 }
 
 func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger) error {
@@ -232,24 +275,20 @@ func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger)
 	}
 	err := a.kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: &p.UID, ResourceVersion: &p.ResourceVersion}})
-	switch {
-	case err == nil:
+	if err = a.settle("recycle pod "+p.Namespace+"/"+p.Name, err); err == nil {
 		for _, m := range act.Missing {
 			a.metrics.PodsRecycled.WithLabelValues(m).Inc()
 		}
 		log.Info("recycled pending pod created before the template fix")
-		return nil
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		return nil // gone or changed since we looked: the next event brings it back to us
 	}
-	return fmt.Errorf("recycle pod %s/%s: %w", p.Namespace, p.Name, err)
+	return deleted(err)
 }
 
 // clusterLog carries the fixed keys of a cluster's log lines.
 func clusterLog(log *zap.Logger, rc *unstructured.Unstructured) *zap.Logger {
 	fields := []zap.Field{zap.String("namespace", rc.GetNamespace()), zap.String("raycluster", rc.GetName())}
-	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd == "RayService" || crd == "RayJob" {
-		fields = append(fields, zap.String(strings.ToLower(crd), rc.GetLabels()[kuberay.OriginatedFromNameLabel]))
+	if owner := ownerKind(rc); owner != "" {
+		fields = append(fields, zap.String(strings.ToLower(string(owner)), rc.GetLabels()[kuberay.OriginatedFromNameLabel]))
 	}
 	return log.With(fields...)
 }

@@ -34,19 +34,10 @@ func (a *applier) gatewayAddress(ctx context.Context, act Action, log *zap.Logge
 		svc, verb = act.Service, "update"
 		_, err = a.kube.CoreV1().Services(svc.Namespace).Update(ctx, svc, metav1.UpdateOptions{FieldManager: names.FieldManager})
 	}
-	log = log.With(zap.String("service", svc.Name))
-	switch {
-	case err == nil:
-		log.Info(verb + "d the gateway address")
-		return nil
-	case apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
-		return errVanished
-	case apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err):
-		return err // the cache is behind: plan again from it (a foreign one is then seen and left alone)
-	default:
-		a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
-		return fmt.Errorf("%s Service %s/%s: %w", verb, svc.Namespace, svc.Name, err)
+	if err = a.settle(verb+" Service "+svc.Namespace+"/"+svc.Name, err); err == nil {
+		log.Info(verb+"d the gateway address", zap.String("service", svc.Name))
 	}
+	return err
 }
 
 // tablePublisher writes the gateway's table when its content changed. The last content written is

@@ -5,12 +5,10 @@ package projection
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -31,7 +29,7 @@ func (a *applier) wave(ctx context.Context, w wavePlan) ([]string, error) {
 			return started, err
 		}
 		if p, ok := act.(PatchRotation); ok && p.Starts != "" {
-			started = append(started, p.Kind+"/"+p.Namespace+"/"+p.Name)
+			started = append(started, string(p.Kind)+"/"+p.Namespace+"/"+p.Name)
 		}
 	}
 	return started, nil
@@ -40,13 +38,13 @@ func (a *applier) wave(ctx context.Context, w wavePlan) ([]string, error) {
 // patchRotation sends a rotation's patch: server-side apply with raysync's field manager on a
 // RayService (raysync owns only its own fields there), a merge patch with a resourceVersion on a RayCluster.
 func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
-	log := a.log.With(zap.String("namespace", p.Namespace), zap.String(strings.ToLower(p.Kind), p.Name))
+	log := a.log.With(zap.String("namespace", p.Namespace), zap.String(strings.ToLower(string(p.Kind)), p.Name))
 	if a.dryRun {
-		log.Info("dry-run: would patch " + p.Kind + " for a token rotation")
+		log.Info("dry-run: would patch " + string(p.Kind) + " for a token rotation")
 		return nil
 	}
 	var err error
-	if p.Kind == "RayService" {
+	if p.Kind == names.OwnerRayService {
 		force := true
 		_, err = a.dyn.Resource(kuberay.RayServiceGVR).Namespace(p.Namespace).Patch(ctx, p.Name, types.ApplyPatchType, p.Patch,
 			metav1.PatchOptions{FieldManager: names.FieldManager, Force: &force})
@@ -54,15 +52,8 @@ func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
 		_, err = a.dyn.Resource(kuberay.RayClusterGVR).Namespace(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, p.Patch,
 			metav1.PatchOptions{FieldManager: names.FieldManager})
 	}
-	switch {
-	case err == nil:
-	case apierrors.IsNotFound(err):
-		return errVanished
-	case apierrors.IsConflict(err):
+	if err := a.settle("patch "+string(p.Kind)+" "+p.Namespace+"/"+p.Name+" for a token rotation", err); err != nil {
 		return err
-	default:
-		a.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
-		return fmt.Errorf("patch %s %s/%s for a token rotation: %w", p.Kind, p.Namespace, p.Name, err)
 	}
 	switch {
 	case p.Starts != "":

@@ -365,9 +365,7 @@ func TestWarningsAreNotRepeatedEveryReconcile(t *testing.T) {
 func TestTerminatingNamespaceIsNotAnError(t *testing.T) {
 	h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")}, sourceSecret(token))
 	h.kube.PrependReactor("create", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
-		err := apierrors.NewForbidden(corev1.Resource("secrets"), "c1", fmt.Errorf("unable to create new content in namespace %s because it is being terminated", ns))
-		err.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: corev1.NamespaceTerminatingCause}}
-		return true, nil, err
+		return true, nil, namespaceTerminating()
 	})
 	h.sync(t, "c1") // fails the test if syncCluster returns an error (which would requeue with backoff)
 	if v := testutil.ToFloat64(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != 0 {

@@ -58,9 +58,9 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 		in.WatchingSince = time.Unix(0, since)
 	}
 	switch owner := metaString(rc, "labels", kuberay.OriginatedFromNameLabel); ownerKind(rc) {
-	case "RayService":
+	case names.OwnerRayService:
 		in.Owner, _ = g.caches.RayService(ns, owner)
-	case "RayJob":
+	case names.OwnerRayJob:
 		in.Owner, _ = g.caches.RayJob(ns, owner)
 	}
 	if obj := gatewayAddressOwner(in); g.cfg.Gateway.Service != "" && obj != nil {

@@ -14,7 +14,8 @@ import (
 )
 
 // Action is one step of a plan. apply.go executes a plan's actions in order and stops at the first
-// that fails (the key goes back to the queue and the next pass plans again from fresh caches).
+// that fails (the key goes back to the queue and the next pass plans again from fresh caches). Every
+// action type is declared here; the applier refuses one it has no case for.
 type Action interface{ isAction() }
 
 // CreateSecret creates a Secret the caches do not hold.
@@ -73,6 +74,21 @@ type UpdateService struct{ Service *corev1.Service }
 
 func (CreateService) isAction() {}
 func (UpdateService) isAction() {}
+
+// PatchRotation starts, advances or finishes a replacement or a restart.
+type PatchRotation struct {
+	// Kind is OwnerRayService (Patch is a server-side apply configuration with raysync's field
+	// manager, so GitOps tools applying the rest of the object leave it alone) or OwnerRayCluster (a
+	// JSON merge patch carrying the cluster's resourceVersion).
+	Kind            names.OwnerKind
+	Namespace, Name string
+	Patch           []byte
+	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
+	Starts string
+	// Completes is how long the rotation it completes took (0: it completes none).
+	Completes time.Duration
+}
+
 func (CreateSecret) isAction()  {}
 func (UpdateSecret) isAction()  {}
 func (ReplaceSecret) isAction() {}
@@ -80,6 +96,7 @@ func (DeleteSecret) isAction()  {}
 func (PatchCluster) isAction()  {}
 func (DeletePod) isAction()     {}
 func (RecordEvent) isAction()   {}
+func (PatchRotation) isAction() {}
 
 // ClusterInput is everything one decision about one RayCluster reads (gather.go fills it).
 type ClusterInput struct {
@@ -127,8 +144,11 @@ type ClusterPlan struct {
 	// TargetHoldsCurrent: the Secret the cluster's pods read holds the current token (the source
 	// itself always does), so pods created now start on it.
 	TargetHoldsCurrent bool
-	// Rotation is where the cluster stands with its token (zero when raysync does not manage it).
-	Rotation tokenRotation
+	// Standing is where the cluster stands with its token (zero when raysync does not manage it).
+	Standing standing
+	// TokenCase names what raysync made of the token target (a tokenCase), for debug logs; "" when
+	// the cluster has none.
+	TokenCase string `json:"-"`
 }
 
 // ClusterStatus is where one in-scope RayCluster stands. Metrics and `syncer status` both read it.
@@ -136,8 +156,8 @@ type ClusterStatus struct {
 	Namespace  string `json:"namespace"`
 	RayCluster string `json:"raycluster"`
 	// Owner is the RayService or RayJob that generated the cluster ("" for a standalone cluster).
-	Owner     string `json:"owner,omitempty"`
-	OwnerKind string `json:"ownerKind,omitempty"`
+	Owner     string          `json:"owner,omitempty"`
+	OwnerKind names.OwnerKind `json:"ownerKind,omitempty"`
 	// Mode is generated or referenced; "" when the cluster does not use token auth.
 	Mode  Mode   `json:"mode,omitempty"`
 	Token string `json:"token,omitempty"` // a names.State*; "" when not a token target
@@ -176,17 +196,17 @@ func (s ClusterStatus) InSync() bool {
 	return !s.Deferred
 }
 
-// rotation records where the cluster stands with its token.
-func (p *ClusterPlan) rotation(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) {
-	p.Rotation = classifyToken(in, cfg, t, holdsCurrent)
-	st := &RotationStatus{State: p.Rotation.State, Policy: p.Rotation.Policy, Held: p.Rotation.Held}
-	if !p.Rotation.Since.IsZero() {
-		since := p.Rotation.Since.UTC()
+// recordStanding records where the cluster stands with its token, in the plan and its status.
+func (p *ClusterPlan) recordStanding(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) {
+	p.Standing = standingOf(in, cfg, t, holdsCurrent)
+	st := &RotationStatus{State: p.Standing.State, Policy: p.Standing.Policy, Held: p.Standing.Held}
+	if !p.Standing.Since.IsZero() {
+		since := p.Standing.Since.UTC()
 		st.Since = &since
 	}
 	p.Status.Rotation = st
-	if p.Rotation.Held != "" && p.Rotation.State == names.TokenBehind {
-		p.warnOnce(in, names.ReasonRotationHeld, "this cluster keeps the token it runs on until it is restarted or deleted: "+p.Rotation.Held)
+	if p.Standing.Held != "" && p.Standing.State == names.TokenBehind {
+		p.warnOnce(in, names.ReasonRotationHeld, "this cluster keeps the token it runs on until it is restarted or deleted: "+p.Standing.Held)
 	}
 }
 
@@ -196,7 +216,7 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 	rc := in.Cluster
 	p := ClusterPlan{Status: ClusterStatus{Namespace: rc.GetNamespace(), RayCluster: rc.GetName(), StalePods: map[string]int{}}}
 	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd != "" {
-		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], crd
+		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], names.OwnerKind(crd)
 	}
 	planToken(in, cfg, &p)
 	if cfg.Pods.enabled() {

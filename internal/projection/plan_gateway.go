@@ -91,7 +91,7 @@ func runsOn(v clusterView) []byte {
 	if v.in.Target != nil {
 		return v.in.Target.Data[kuberay.AuthTokenKey] // raysync keeps it on what the processes hold
 	}
-	if v.plan.Rotation.State == names.TokenCurrent {
+	if v.plan.Standing.State == names.TokenCurrent {
 		return v.in.Sources.token.value // reading the source itself, started after its last change
 	}
 	return nil

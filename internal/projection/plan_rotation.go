@@ -20,8 +20,8 @@ import (
 
 // RotationOptions configure how running clusters move to a new token.
 type RotationOptions struct {
-	// Policies by owner kind: "RayService", "RayJob", and "" for a standalone RayCluster.
-	Policies map[string]string
+	// Policies by owner kind: OwnerRayService, OwnerRayJob, and "" for a standalone RayCluster.
+	Policies map[names.OwnerKind]string
 	// MaxConcurrent bounds the replacements and restarts in flight.
 	MaxConcurrent int
 	// Timeout is how long one may take before it blocks the wave.
@@ -36,10 +36,11 @@ const DefaultMaxConcurrentRotations = 5
 
 // DefaultPolicies: a RayService can replace its cluster without downtime; anything else would stop
 // work someone is running, so it waits for its owner (or `syncer rotate`).
-var DefaultPolicies = map[string]string{"RayService": names.PolicyReplace, "RayJob": names.PolicyHold, "": names.PolicyHold}
+var DefaultPolicies = map[names.OwnerKind]string{names.OwnerRayService: names.PolicyReplace, names.OwnerRayJob: names.PolicyHold, "": names.PolicyHold}
 
-// tokenRotation is where one cluster stands with its token.
-type tokenRotation struct {
+// standing is where one cluster stands with its token: its rotation state, the policy that moves it,
+// and what a move acts on. (A rotation is one numbered change of the canonical token, ledger.Rotation.)
+type standing struct {
 	State  string    // names.Token*
 	Policy string    // the policy in force (after any fallback)
 	Since  time.Time // behind or rotating since
@@ -51,10 +52,10 @@ type tokenRotation struct {
 	Current bool
 }
 
-// ownerKind is "RayService", "RayJob" or "" (standalone).
-func ownerKind(rc *unstructured.Unstructured) string {
-	switch k := metaString(rc, "labels", kuberay.OriginatedFromCRDLabel); k {
-	case "RayService", "RayJob":
+// ownerKind is OwnerRayService, OwnerRayJob or "" (standalone).
+func ownerKind(rc *unstructured.Unstructured) names.OwnerKind {
+	switch k := names.OwnerKind(metaString(rc, "labels", kuberay.OriginatedFromCRDLabel)); k {
+	case names.OwnerRayService, names.OwnerRayJob:
 		return k
 	}
 	return ""
@@ -63,8 +64,8 @@ func ownerKind(rc *unstructured.Unstructured) string {
 // policyOf is the cluster's rotation policy and, when it cannot apply, why it falls back to hold.
 func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, held string) {
 	rc := in.Cluster
-	kind := ownerKind(rc)
-	policy = opts.Policies[kind]
+	owner := ownerKind(rc)
+	policy = opts.Policies[owner]
 	switch p := metaString(rc, "annotations", names.RotationAnnotation); p {
 	case names.PolicyReplace, names.PolicyRestart, names.PolicyHold, names.PolicyGateway:
 		policy = p
@@ -73,7 +74,7 @@ func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, he
 		policy = names.PolicyHold
 	}
 	switch {
-	case policy == names.PolicyReplace && kind != "RayService":
+	case policy == names.PolicyReplace && owner != names.OwnerRayService:
 		return names.PolicyHold, "only a RayService can replace its cluster"
 	case policy == names.PolicyReplace && in.Owner == nil:
 		return names.PolicyHold, "its RayService is not in raysync's cache"
@@ -85,13 +86,13 @@ func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, he
 	return policy, ""
 }
 
-// classifyToken says where a cluster whose target holds (or, reading the source itself, was started
+// standingOf says where a cluster whose target holds (or, reading the source itself, was started
 // with) the token it has stands against the current rotation.
-func classifyToken(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) tokenRotation {
-	r := tokenRotation{Current: holdsCurrent}
+func standingOf(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) standing {
+	r := standing{Current: holdsCurrent}
 	r.Policy, r.Held = policyOf(in, cfg.Rotation, t)
 	r.Unit = in.Cluster
-	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == "RayService" && !startedAt(in.Owner).IsZero()) {
+	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == names.OwnerRayService && !startedAt(in.Owner).IsZero()) {
 		r.Unit = in.Owner // a replacement acts on the RayService (also one `syncer rotate` asked for)
 	}
 	inFlight := startedAt(r.Unit)

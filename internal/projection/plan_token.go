@@ -60,8 +60,7 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 // raysync does not own. Once a container may have read it, the target keeps the token it holds: the
 // clusters reading it move to a new token only as a whole (plan_rotation.go).
 func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
-	rc, src := in.Cluster, in.Sources.token
-	t, ok, err := TokenTargetFor(rc, cfg.Source)
+	t, ok, err := TokenTargetFor(in.Cluster, cfg.Source)
 	if err != nil {
 		p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot read spec.authOptions: %v; leaving this cluster alone", err))
 		return
@@ -70,99 +69,231 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
 		return
 	}
 	p.Status.Mode = t.Mode
-	// Every pod that reads the target: this cluster's, and those of other clusters naming the same Secret.
-	readers := in.Pods
+	f := tokenFactsOf(in, cfg, t)
+	c := classifyTokenTarget(f)
+	p.TokenCase = string(c)
+	p.actOnToken(f, c)
+}
+
+// tokenCase is what raysync makes of a cluster's token target: the first of tokenChecks that holds.
+type tokenCase string
+
+const (
+	// tokenSourceInvalid: the canonical source is unusable; every target keeps its token.
+	tokenSourceInvalid tokenCase = "source_invalid"
+	// tokenSourceKeyMismatch: spec.authOptions.secretName names the source, which keeps its token
+	// under another key than the one KubeRay reads.
+	tokenSourceKeyMismatch tokenCase = "source_key_mismatch"
+	// tokenIsSource: the cluster reads the source itself; raysync writes nothing.
+	tokenIsSource tokenCase = "is_source"
+	// tokenNotOwned: a Secret raysync may not write holds the target's name.
+	tokenNotOwned tokenCase = "not_owned"
+	// tokenMissing: deleted under running containers whose token raysync cannot tell.
+	tokenMissing tokenCase = "missing"
+	// tokenLeftToKubeRay: absent, and KubeRay creates it (--no-precreate).
+	tokenLeftToKubeRay tokenCase = "left_to_kuberay"
+	// tokenCreate: absent, and nothing runs on a token other than the current one: raysync creates it.
+	tokenCreate tokenCase = "create"
+	// tokenRelabel: a managed copy holding the current token, annotated for an earlier source.
+	tokenRelabel tokenCase = "relabel"
+	// tokenInSync: holds the current token.
+	tokenInSync tokenCase = "in_sync"
+	// tokenRestore: changed under containers known to run on the current token: put back.
+	tokenRestore tokenCase = "restore"
+	// tokenFrozen: containers run on the token it holds: it keeps that token.
+	tokenFrozen tokenCase = "frozen"
+	// tokenMayHaveBeenRead: no container says it started, but one may have read the target: it keeps its token.
+	tokenMayHaveBeenRead tokenCase = "may_have_been_read"
+	// tokenWrite: no container can have read it yet: raysync writes the current token.
+	tokenWrite tokenCase = "write"
+)
+
+// tokenFacts is what the token checks read about one cluster's target.
+type tokenFacts struct {
+	in  *ClusterInput
+	cfg Config
+	t   TokenTarget
+	src source
+	cur *corev1.Secret // the target as cached; nil when absent
+	// readers are every pod that reads the target: this cluster's, and those of other clusters naming it.
+	readers []*corev1.Pod
+	// started: a container of a reader has started. onCurrent: every one that started can only hold
+	// the current token (startedOnCurrent).
+	started, onCurrent bool
+}
+
+func tokenFactsOf(in *ClusterInput, cfg Config, t TokenTarget) *tokenFacts {
+	f := &tokenFacts{in: in, cfg: cfg, t: t, src: in.Sources.token, cur: in.Target, readers: in.Pods}
 	if len(in.Readers) > 0 {
-		readers = append(slices.Clip(in.Pods), in.Readers...)
+		f.readers = append(slices.Clip(in.Pods), in.Readers...)
 	}
-	started := anyStarted(readers)
-	restores := startedOnCurrent(readers, in.Target, src.digest)
-	switch cur := in.Target; {
-	case !src.valid():
-		p.Status.Token = names.StateSourceInvalid // every target keeps its token; the source's own key reports it
-	case t.IsSource:
-		// raysync writes nothing; containers started before the source last changed hold its old token.
-		p.Status.Token = names.StateInSync
-		p.TargetHoldsCurrent = true
-		if !holdsToken(src.secret, src.value) {
-			p.Status.Token = names.StateOutOfSync
-			p.warnOnce(in, names.ReasonSourceKeyMismatch, fmt.Sprintf(
-				"spec.authOptions.secretName names the canonical source %s, but KubeRay reads key %q and the source keeps its token in %q: Ray pods will fail to start",
-				cfg.Source, kuberay.AuthTokenKey, cfg.SourceKey))
+	f.started = anyStarted(f.readers)
+	f.onCurrent = startedOnCurrent(f.readers, in.Target, f.src.digest)
+	return f
+}
+
+// tokenChecks decide a token target's case, cert-manager's policy-chain way: the first that holds
+// wins, so each may take every earlier one as not holding. None holding: tokenWrite.
+var tokenChecks = []struct {
+	is    tokenCase
+	holds func(*tokenFacts) bool
+}{
+	{tokenSourceInvalid, sourceUnusable},
+	{tokenSourceKeyMismatch, readsSourceUnderAnotherKey},
+	{tokenIsSource, readsSource},
+	{tokenNotOwned, foreignUnderTargetName},
+	{tokenMissing, deletedUnderUnknownToken},
+	{tokenLeftToKubeRay, kubeRayCreatesIt},
+	{tokenCreate, absent},
+	{tokenNotOwned, notOurs},
+	{tokenRelabel, holdsTokenForEarlierSource},
+	{tokenInSync, holdsCurrentToken},
+	{tokenRestore, changedUnderCurrentContainers},
+	{tokenFrozen, readByStartedContainers},
+	{tokenMayHaveBeenRead, mayBeRead},
+}
+
+// classifyTokenTarget is the case of a cluster's token target.
+func classifyTokenTarget(f *tokenFacts) tokenCase {
+	for _, c := range tokenChecks {
+		if c.holds(f) {
+			return c.is
 		}
-		p.rotation(in, cfg, t, !startedBefore(in.Pods, in.Sources.rotation.FirstSeen))
-	case cur == nil && in.Foreign[t.Name]:
-		p.Status.Token = names.StateNotOwned
+	}
+	return tokenWrite
+}
+
+func sourceUnusable(f *tokenFacts) bool { return !f.src.valid() }
+
+// readsSourceUnderAnotherKey: Ray pods would fail to start; raysync can only say so.
+func readsSourceUnderAnotherKey(f *tokenFacts) bool {
+	return f.t.IsSource && f.src.secret != nil && !holdsToken(f.src.secret, f.src.value)
+}
+
+func readsSource(f *tokenFacts) bool { return f.t.IsSource }
+
+// foreignUnderTargetName: the caches hold no target, but a Secret that is not raysync's has its name.
+func foreignUnderTargetName(f *tokenFacts) bool { return f.cur == nil && f.in.Foreign[f.t.Name] }
+
+// deletedUnderUnknownToken: writing any token would split the cluster. Pods created now cannot start
+// (or, generated, get KubeRay's next random token): the cluster is behind and its policy moves it.
+// (onCurrent needs a target, so a deleted one leaves every started container's token unknown.)
+func deletedUnderUnknownToken(f *tokenFacts) bool { return f.cur == nil && f.started }
+
+// kubeRayCreatesIt: the admission webhook gives it the token; else raysync writes it as it arrives.
+func kubeRayCreatesIt(f *tokenFacts) bool {
+	return f.cur == nil && f.t.Mode == Generated && f.cfg.NoPrecreate && !f.started
+}
+
+// absent: a new cluster, or one whose containers hold the current token (its Secret was deleted).
+func absent(f *tokenFacts) bool { return f.cur == nil }
+
+func notOurs(f *tokenFacts) bool { return f.cur != nil && !ownsTokenTarget(f.t, f.in.Cluster, f.cur) }
+
+// holdsTokenForEarlierSource: a copy of an earlier source already holding the token: only raysync's
+// annotations change.
+func holdsTokenForEarlierSource(f *tokenFacts) bool {
+	return holdsCurrentToken(f) && f.t.Mode == Referenced && !copyMetaCurrent(f.cur, f.cfg.Source, names.KindAuthToken)
+}
+
+func holdsCurrentToken(f *tokenFacts) bool { return f.cur != nil && holdsToken(f.cur, f.src.value) }
+
+// changedUnderCurrentContainers: someone changed the Secret under containers raysync saw start on
+// the current token; left so, the operator and every new pod would use a token the cluster refuses.
+func changedUnderCurrentContainers(f *tokenFacts) bool { return f.cur != nil && f.onCurrent }
+
+// readByStartedContainers: running containers hold the token the target holds, and it is what raysync
+// wants there until a replacement or restart moves the cluster.
+func readByStartedContainers(f *tokenFacts) bool { return f.cur != nil && f.started }
+
+// mayBeRead: a kubelet that has a reader pod may have started a container on this token before the
+// pod's status says so (raysync was down when KubeRay created it, or the cluster was starting when
+// the source rotated): writing now could split the cluster, which its policy moves as a whole.
+func mayBeRead(f *tokenFacts) bool {
+	return f.cur != nil && mayHaveBeenRead(f.cur, f.readers, f.in.Now, f.in.WatchingSince)
+}
+
+// tokenStates is the target state each case reports.
+var tokenStates = map[tokenCase]string{
+	tokenSourceInvalid:     names.StateSourceInvalid, // the source's own key reports why
+	tokenSourceKeyMismatch: names.StateOutOfSync,
+	tokenIsSource:          names.StateInSync,
+	tokenNotOwned:          names.StateNotOwned,
+	tokenMissing:           names.StateMissing,
+	tokenLeftToKubeRay:     names.StateOutOfSync,
+	tokenCreate:            names.StateOutOfSync,
+	tokenRelabel:           names.StateOutOfSync,
+	tokenInSync:            names.StateInSync,
+	tokenRestore:           names.StateOutOfSync,
+	// in_sync while the cluster is behind: the target is as raysync wants it (frozen on the token the
+	// cluster runs on); Rotation.State says behind.
+	tokenFrozen:          names.StateInSync,
+	tokenMayHaveBeenRead: names.StateInSync,
+	tokenWrite:           names.StateOutOfSync,
+}
+
+// actOnToken plans what case c of the token target means: its writes and Events, its state, and
+// where the cluster stands.
+func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
+	in, cfg, t, cur, token := f.in, f.cfg, f.t, f.cur, f.src.value
+	p.Status.Token = tokenStates[c]
+	switch c {
+	case tokenSourceInvalid:
+		return
+	case tokenNotOwned:
 		p.Refused++
 		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
 			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
-	case cur == nil && started && !restores:
-		// Deleted under running containers whose token raysync cannot tell: writing any token would
-		// split the cluster. Pods created now cannot start (or, generated, get KubeRay's next random
-		// token): the cluster is behind and its policy moves it.
-		p.Status.Token = names.StateMissing
+		return
+	case tokenSourceKeyMismatch:
+		p.TargetHoldsCurrent = true
+		p.warnOnce(in, names.ReasonSourceKeyMismatch, fmt.Sprintf(
+			"spec.authOptions.secretName names the canonical source %s, but KubeRay reads key %q and the source keeps its token in %q: Ray pods will fail to start",
+			cfg.Source, kuberay.AuthTokenKey, cfg.SourceKey))
+	case tokenIsSource:
+		p.TargetHoldsCurrent = true
+	case tokenMissing:
 		p.warnOnce(in, names.ReasonTargetMissing, missingMessage(t))
-		p.rotation(in, cfg, t, false)
-	case cur == nil && t.Mode == Generated && cfg.NoPrecreate && !started:
-		// KubeRay creates it (the admission webhook gives it the token; else raysync writes it as it arrives).
-		p.Status.Token = names.StateOutOfSync
-		p.rotation(in, cfg, t, true)
-	case cur == nil:
-		// A new cluster, or one whose containers hold the current token (its Secret was deleted).
-		p.Status.Token = names.StateOutOfSync
-		desired := desiredManagedCopy(t.Namespace, t.Name, src.value, cfg.Source, in.Now)
+	case tokenCreate:
+		desired := desiredManagedCopy(t.Namespace, t.Name, token, cfg.Source, in.Now)
 		if t.Mode == Generated {
-			desired = desiredGeneratedSecret(rc, t.Name, src.value, cfg.Source, in.Now)
+			desired = desiredGeneratedSecret(in.Cluster, t.Name, token, cfg.Source, in.Now)
 		}
 		p.Actions = append(p.Actions, CreateSecret{Secret: desired, Propagates: true})
 		p.event(in, corev1.EventTypeNormal, names.ReasonTokenProjected, projectedMessage(cfg.Source))
-		p.rotation(in, cfg, t, true)
-	case !ownsTokenTarget(t, rc, cur):
-		p.Status.Token = names.StateNotOwned
-		p.Refused++
-		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
-			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
-	case holdsToken(cur, src.value):
-		p.Status.Token = names.StateInSync
-		p.Unchanged = true
+	case tokenRelabel:
 		p.TargetHoldsCurrent = true
-		if t.Mode == Referenced && !copyMetaCurrent(cur, cfg.Source, names.KindAuthToken) {
-			// A copy of an earlier source already holding the token: only raysync's annotations change.
-			p.Status.Token, p.Unchanged = names.StateOutOfSync, false
-			p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
-		}
-		p.rotation(in, cfg, t, true)
-	case restores:
-		// Someone changed the Secret under containers raysync saw start on the current token: put it
-		// back, or the operator and every new pod would use a token the cluster refuses.
-		p.Status.Token = names.StateOutOfSync
-		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, syncedAtOr(cur, in.Now))})
+		p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
+	case tokenInSync:
+		p.Unchanged, p.TargetHoldsCurrent = true, true
+	case tokenRestore:
+		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, syncedAtOr(cur, in.Now))})
 		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
 			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
-		p.rotation(in, cfg, t, true)
-	case started:
-		// Running containers hold the token the target holds: the target stays as it is (it is what
-		// raysync wants), and the cluster is behind until a replacement or restart moves it.
-		p.Status.Token = names.StateInSync
+	case tokenFrozen:
 		p.Unchanged = true
-		p.rotation(in, cfg, t, false)
-	case mayHaveBeenRead(cur, readers, in.Now, in.WatchingSince):
-		// A kubelet that has a reader pod may have started a container on this token before the pod's
-		// status says so (raysync was down when KubeRay created it, or the cluster was starting when
-		// the source rotated): writing now could split the cluster. It is behind; its policy moves it
-		// as a whole.
-		p.Status.Token = names.StateInSync
-		p.rotation(in, cfg, t, false)
-	default:
-		p.Status.Token = names.StateOutOfSync
+	case tokenWrite:
 		reason, message := names.ReasonTokenProjected, projectedMessage(cfg.Source)
 		if cur.Annotations[names.TokenSHA256Annotation] != "" {
 			reason, message = names.ReasonTokenRotated, "auth Secret updated to the rotated canonical token from "+cfg.Source.String()
 		}
-		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, src.value, cfg.Source, in.Now), Propagates: true})
+		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, in.Now), Propagates: true})
 		p.event(in, corev1.EventTypeNormal, reason, message)
-		p.rotation(in, cfg, t, true)
 	}
+	p.recordStanding(in, cfg, t, runsOnCurrent(f, c))
+}
+
+// runsOnCurrent says whether, in case c, the cluster's containers hold (or will start with) the
+// current token.
+func runsOnCurrent(f *tokenFacts, c tokenCase) bool {
+	switch c {
+	case tokenIsSource, tokenSourceKeyMismatch:
+		// containers started before the source last changed hold its old token
+		return !startedBefore(f.in.Pods, f.in.Sources.rotation.FirstSeen)
+	case tokenMissing, tokenFrozen, tokenMayHaveBeenRead:
+		return false
+	}
+	return true
 }
 
 func missingMessage(t TokenTarget) string {

@@ -22,7 +22,7 @@ import (
 
 // unit is what one replacement or restart acts on, and the clusters it moves.
 type unit struct {
-	kind      string // "RayService" or "RayCluster"
+	ownerKind names.OwnerKind // OwnerRayService or OwnerRayCluster: the kind of obj
 	obj       *unstructured.Unstructured
 	action    string // names.PolicyReplace or PolicyRestart; "" when held
 	members   []clusterView
@@ -38,7 +38,9 @@ type clusterView struct {
 	plan ClusterPlan
 }
 
-func (u *unit) key() string { return u.kind + "/" + u.obj.GetNamespace() + "/" + u.obj.GetName() }
+func (u *unit) key() string {
+	return string(u.ownerKind) + "/" + u.obj.GetNamespace() + "/" + u.obj.GetName()
+}
 
 // wavePlan is what the wave does now.
 type wavePlan struct {
@@ -130,23 +132,23 @@ func groupUnits(clusters []clusterView) []*unit {
 	byKey := map[string]*unit{}
 	var order []*unit
 	for _, c := range clusters {
-		r := c.plan.Rotation
+		r := c.plan.Standing
 		if r.State == "" || r.Unit == nil {
 			continue
 		}
 		requested := metaString(c.in.Cluster, "annotations", names.RotateAnnotation) != ""
 		obj, action := r.Unit, ""
 		switch {
-		case obj.GetKind() == "RayService":
+		case names.OwnerKind(obj.GetKind()) == names.OwnerRayService:
 			action = names.PolicyReplace
 		case r.Policy == names.PolicyRestart:
 			action = names.PolicyRestart
-		case requested && r.Held == "" && ownerKind(c.in.Cluster) == "RayService" && c.in.Owner != nil && upgradeStrategy(c.in.Owner) != "None":
+		case requested && r.Held == "" && ownerKind(c.in.Cluster) == names.OwnerRayService && c.in.Owner != nil && upgradeStrategy(c.in.Owner) != "None":
 			obj, action = c.in.Owner, names.PolicyReplace
 		case requested && r.Held == "":
 			action = names.PolicyRestart
 		}
-		u := &unit{kind: obj.GetKind(), obj: obj, action: action}
+		u := &unit{ownerKind: names.OwnerKind(obj.GetKind()), obj: obj, action: action}
 		if prev, ok := byKey[u.key()]; ok {
 			u = prev
 		} else {
@@ -172,7 +174,7 @@ func groupUnits(clusters []clusterView) []*unit {
 func waits(c clusterView, action string) string {
 	owner := c.in.Owner
 	switch {
-	case ownerKind(c.in.Cluster) == "RayJob" && owner != nil && jobRunning(owner):
+	case ownerKind(c.in.Cluster) == names.OwnerRayJob && owner != nil && jobRunning(owner):
 		return "its RayJob is running"
 	case action == names.PolicyReplace && owner != nil && pendingCluster(owner) != "":
 		return "its RayService is already starting a new cluster"
@@ -189,7 +191,7 @@ func waits(c clusterView, action string) string {
 func droppedRequests(clusters []clusterView) []Action {
 	var acts []Action
 	for _, c := range clusters {
-		rc, r := c.in.Cluster, c.plan.Rotation
+		rc, r := c.in.Cluster, c.plan.Standing
 		if metaString(rc, "annotations", names.RotateAnnotation) == "" {
 			continue
 		}
@@ -202,7 +204,7 @@ func droppedRequests(clusters []clusterView) []Action {
 		default:
 			continue
 		}
-		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
+		acts = append(acts, PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(),
 			Patch: mergePatch(rc, map[string]any{names.RotateAnnotation: nil}, nil)},
 			RecordEvent{Object: rc, Type: corev1.EventTypeNormal, Reason: names.ReasonRotationNotNeeded,
 				Message: "removed the rotation request (" + names.RotateAnnotation + "): " + why})
@@ -228,21 +230,21 @@ func pendingCluster(rs *unstructured.Unstructured) string {
 // advance moves a rotation in flight on, and finishes it when it is done, or when nothing it waits
 // for can happen any more: no unit holds a slot of the wave for ever.
 func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
-	if u.kind == "RayService" {
+	if u.ownerKind == names.OwnerRayService {
 		return advanceReplace(u, now, started)
 	}
 	m := u.members[0] // a restart moves one cluster
 	rc := m.in.Cluster
 	holds := m.plan.TargetHoldsCurrent
 	state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
-	end := PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
+	end := PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(),
 		Patch: mergePatch(rc, map[string]any{names.RotationStartedAnnotation: nil, names.RotationTargetAnnotation: nil, names.RotationBlockedAnnotation: nil}, nil)}
 	target := metaString(rc, "annotations", names.RotationTargetAnnotation)
 	switch {
 	case suspended(rc) && len(m.in.Pods) == 0 && holds:
 		// Every pod is gone and the Secret holds the new token: start the cluster again. KubeRay
 		// resumes a suspended cluster only on an explicit suspend: false.
-		return false, []Action{PatchRotation{Kind: "RayCluster", Namespace: rc.GetNamespace(), Name: rc.GetName(),
+		return false, []Action{PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(),
 			Patch: mergePatch(rc, nil, map[string]any{"suspend": false})}}
 	case suspended(rc):
 		return false, nil // KubeRay is stopping the pods, or the Secret waits for the token
@@ -284,16 +286,16 @@ func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
 		}
 	}
 	for _, m := range u.members {
-		if !m.plan.Rotation.Current {
+		if !m.plan.Standing.Current {
 			// The new cluster started on another token (raysync was not watching when it was born): this
 			// replacement is over and did not move the RayService, which is behind; its policy moves it again.
-			acts := []Action{PatchRotation{Kind: "RayService", Namespace: rs.GetNamespace(), Name: rs.GetName(), Patch: rayServiceApply(rs, nil, rotationID(rs))}}
+			acts := []Action{PatchRotation{Kind: names.OwnerRayService, Namespace: rs.GetNamespace(), Name: rs.GetName(), Patch: rayServiceApply(rs, nil, rotationID(rs))}}
 			return true, append(acts, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationRetried,
 				fmt.Sprintf("new RayCluster %s started on a token other than the canonical one (raysync was not watching when it was created): this replacement did not move the RayService, which stays behind until it is replaced again", active))...)
 		}
 	}
 	took := now.Sub(started)
-	acts := []Action{PatchRotation{Kind: "RayService", Namespace: rs.GetNamespace(), Name: rs.GetName(), Completes: took,
+	acts := []Action{PatchRotation{Kind: names.OwnerRayService, Namespace: rs.GetNamespace(), Name: rs.GetName(), Completes: took,
 		Patch: rayServiceApply(rs, nil, rotationID(rs))}}
 	return true, append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
 		fmt.Sprintf("serving from RayCluster %s on the current canonical token; the replacement took %s", active, took.Round(time.Second)))...)

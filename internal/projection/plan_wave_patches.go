@@ -16,21 +16,6 @@ import (
 	"github.com/raysync/raysync/internal/names"
 )
 
-// PatchRotation starts, advances or finishes a replacement or a restart.
-type PatchRotation struct {
-	// Kind is "RayService" (Patch is a server-side apply configuration with raysync's field manager,
-	// so GitOps tools applying the rest of the object leave it alone) or "RayCluster" (a JSON merge
-	// patch carrying the cluster's resourceVersion).
-	Kind, Namespace, Name string
-	Patch                 []byte
-	// Starts is the action this patch starts (names.PolicyReplace or PolicyRestart), for the metrics.
-	Starts string
-	// Completes is how long the rotation it completes took (0: it completes none).
-	Completes time.Duration
-}
-
-func (PatchRotation) isAction() {}
-
 // startActions starts a replacement or a restart and says so on the objects people look at.
 func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 	stamp := now.UTC().Format(time.RFC3339)
@@ -40,18 +25,18 @@ func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 		// Each replacement writes a new value: a cluster replaced for a rotation that did not start on
 		// it (raysync was down when it started) is replaced again, and only a change starts KubeRay's.
 		id := fmt.Sprintf("%s-%d", cur.Name(), now.Unix())
-		acts = append(acts, PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyReplace,
+		acts = append(acts, PatchRotation{Kind: names.OwnerRayService, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyReplace,
 			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, id)})
 		msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; traffic switches when it is ready", memberNames(u), cur.Name())
 	} else {
-		acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyRestart,
+		acts = append(acts, PatchRotation{Kind: names.OwnerRayCluster, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyRestart,
 			Patch: mergePatch(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name(),
 				names.RotateAnnotation: nil}, map[string]any{"suspend": true})})
 		msg = fmt.Sprintf("restarting the whole cluster on rotation %s of the canonical token: every pod stops, then all start with the new token", cur.Name())
 	}
 	for _, m := range u.members {
 		if u.action == names.PolicyReplace && metaString(m.in.Cluster, "annotations", names.RotateAnnotation) != "" {
-			acts = append(acts, PatchRotation{Kind: "RayCluster", Namespace: m.in.Cluster.GetNamespace(), Name: m.in.Cluster.GetName(),
+			acts = append(acts, PatchRotation{Kind: names.OwnerRayCluster, Namespace: m.in.Cluster.GetNamespace(), Name: m.in.Cluster.GetName(),
 				Patch: mergePatch(m.in.Cluster, map[string]any{names.RotateAnnotation: nil}, nil)})
 		}
 	}
@@ -61,13 +46,13 @@ func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 func blockActions(u *unit, now time.Time, age time.Duration) []Action {
 	stamp := now.UTC().Format(time.RFC3339)
 	var patch PatchRotation
-	if u.kind == "RayService" {
-		patch = PatchRotation{Kind: "RayService", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
+	if u.ownerKind == names.OwnerRayService {
+		patch = PatchRotation{Kind: names.OwnerRayService, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
 			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: metaString(u.obj, "annotations", names.RotationStartedAnnotation),
 				names.RotationTargetAnnotation: metaString(u.obj, "annotations", names.RotationTargetAnnotation), names.RotationBlockedAnnotation: stamp},
 				rotationID(u.obj))}
 	} else {
-		patch = PatchRotation{Kind: "RayCluster", Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
+		patch = PatchRotation{Kind: names.OwnerRayCluster, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
 			Patch: mergePatch(u.obj, map[string]any{names.RotationBlockedAnnotation: stamp}, nil)}
 	}
 	return append([]Action{patch}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationBlocked,
@@ -75,7 +60,7 @@ func blockActions(u *unit, now time.Time, age time.Duration) []Action {
 }
 
 func verbOf(u *unit) string {
-	if u.kind == "RayService" {
+	if u.ownerKind == names.OwnerRayService {
 		return "replacement"
 	}
 	return "restart"
@@ -84,7 +69,7 @@ func verbOf(u *unit) string {
 // unitEvents records an Event on the unit's object and, for a RayService, on its clusters.
 func unitEvents(u *unit, typ, reason, msg string) []Action {
 	acts := []Action{RecordEvent{Object: u.obj, Type: typ, Reason: reason, Message: msg}}
-	if u.kind == "RayService" {
+	if u.ownerKind == names.OwnerRayService {
 		for _, m := range u.members {
 			acts = append(acts, RecordEvent{Object: m.in.Cluster, Type: typ, Reason: reason, Message: msg})
 		}
@@ -111,7 +96,7 @@ func rotationID(rs *unstructured.Unstructured) string {
 // annotations (nil: none, which gives them up) and, when rotationID is set, the rotation number in the
 // head pod template, whose change is what makes KubeRay start a new cluster.
 func rayServiceApply(rs *unstructured.Unstructured, annotations map[string]any, rotationID string) []byte {
-	obj := map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
+	obj := map[string]any{"apiVersion": "ray.io/v1", "kind": string(names.OwnerRayService),
 		"metadata": map[string]any{"name": rs.GetName(), "namespace": rs.GetNamespace()}}
 	if len(annotations) > 0 {
 		obj["metadata"].(map[string]any)["annotations"] = annotations

@@ -45,7 +45,7 @@ func kinds(acts []Action) []string {
 			} else if a.Completes > 0 {
 				what = "complete"
 			}
-			out = append(out, what+" "+a.Kind+" "+a.Name)
+			out = append(out, what+" "+string(a.Kind)+" "+a.Name)
 		case RecordEvent:
 			m, _ := a.Object.(metav1.Object)
 			out = append(out, "event "+a.Reason+" "+m.GetName())

@@ -109,11 +109,11 @@ func (r *Reporter) Snapshot() metrics.Snapshot {
 			snap.Deferred = append(snap.Deferred, metrics.ClusterRef{Namespace: st.Namespace, RayCluster: st.RayCluster})
 		}
 		if st.Rotation != nil {
-			kind := st.OwnerKind
-			if kind == "" {
-				kind = "RayCluster"
+			owner := st.OwnerKind
+			if owner == "" {
+				owner = names.OwnerRayCluster
 			}
-			rs := metrics.RotationState{Namespace: st.Namespace, RayCluster: st.RayCluster, Kind: kind, State: st.Rotation.State}
+			rs := metrics.RotationState{Namespace: st.Namespace, RayCluster: st.RayCluster, Kind: string(owner), State: st.Rotation.State}
 			if st.Rotation.Since != nil {
 				rs.Since = *st.Rotation.Since
 			}
