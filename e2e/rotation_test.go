@@ -121,7 +121,7 @@ func TestRunningClusterKeepsItsTokenUntilItMoves(t *testing.T) {
 		}
 		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"}, 1, 30*time.Second)
 		out, code := env.status("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
-		if code != 1 || !regexpLine(out, ns, "held", "-", "generated", "in-sync", "behind") {
+		if code != 1 || !regexpLine(out, ns, "held", "-", "generated", "frozen", "behind") {
 			t.Errorf("syncer status with a cluster behind: exit %d\n%s", code, out)
 		}
 		for _, p := range held {
@@ -320,7 +320,7 @@ func TestSharedSecretRotation(t *testing.T) {
 			t.Errorf("share-a: %d of %d container starts after the rotation used the token its head holds", with, all)
 		}
 		out, code := env.status("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
-		if code != 1 || !regexpLine(out, ns, "share-c", "-", "referenced", "in-sync", "behind") || !strings.Contains(out, "shares the managed Secret shared") {
+		if code != 1 || !regexpLine(out, ns, "share-c", "-", "referenced", "frozen", "behind") || !strings.Contains(out, "shares the managed Secret shared") {
 			t.Errorf("syncer status: exit %d\n%s", code, out)
 		}
 		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"}, 3, 30*time.Second)

@@ -260,7 +260,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, t := range s.Targets {
 		counts[[2]string{t.Kind, t.State}]++
 		kinds[t.Kind] = true
-		ch <- prometheus.MustNewConstMetric(targetInSyncDesc, prometheus.GaugeValue, boolFloat(t.State == names.StateInSync), t.Namespace, t.RayCluster, t.Kind)
+		ch <- prometheus.MustNewConstMetric(targetInSyncDesc, prometheus.GaugeValue, boolFloat(names.AsWanted(t.State)), t.Namespace, t.RayCluster, t.Kind)
 	}
 	for kind := range kinds {
 		for _, st := range names.States {

@@ -17,6 +17,8 @@ func TestScrapeTimeState(t *testing.T) {
 		Targets: []TargetState{
 			{Namespace: "ray", RayCluster: "a", Kind: string(names.KindAuthToken), State: names.StateInSync},
 			{Namespace: "ray", RayCluster: "b", Kind: string(names.KindAuthToken), State: names.StateNotOwned},
+			// behind, its target kept on the token its containers run on: as raysync wants it
+			{Namespace: "ray", RayCluster: "c", Kind: string(names.KindAuthToken), State: names.StateFrozen},
 		},
 		StalePods: []StalePods{{Namespace: "ray", RayCluster: "a", Reason: "pull_secret", Count: 2}},
 		Rotations: []RotationState{
@@ -30,6 +32,7 @@ func TestScrapeTimeState(t *testing.T) {
 	want := `
 # HELP raysync_targets In-scope RayClusters by target kind and state.
 # TYPE raysync_targets gauge
+raysync_targets{kind="auth_token",state="frozen"} 1
 raysync_targets{kind="auth_token",state="in_sync"} 1
 raysync_targets{kind="auth_token",state="missing"} 0
 raysync_targets{kind="auth_token",state="not_owned"} 1
@@ -39,6 +42,7 @@ raysync_targets{kind="auth_token",state="source_invalid"} 0
 # TYPE raysync_target_in_sync gauge
 raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="a"} 1
 raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="b"} 0
+raysync_target_in_sync{kind="auth_token",namespace="ray",raycluster="c"} 1
 # HELP raysync_stale_pods Running Ray pods lacking a pull secret or the autoscaler TLS (they pick it up when restarted).
 # TYPE raysync_stale_pods gauge
 raysync_stale_pods{namespace="ray",raycluster="a",reason="pull_secret"} 2

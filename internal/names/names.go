@@ -121,10 +121,17 @@ const (
 	// StateMissing: the token target was deleted under running containers whose token raysync cannot
 	// tell, so it cannot re-create it; new pods cannot start on the cluster's token.
 	StateMissing = "missing"
+	// StateFrozen: the token target holds the token the cluster's running containers started with,
+	// not the canonical one, and stays so until the cluster's rotation policy moves it as a whole
+	// (raysync_rotation_clusters says behind or blocked). It is as raysync wants it.
+	StateFrozen = "frozen"
 )
 
+// AsWanted says whether a target in state st is as raysync wants it (raysync_target_in_sync 1).
+func AsWanted(st string) bool { return st == StateInSync || st == StateFrozen }
+
 // States lists every target state, so raysync_targets reports zeros instead of missing series.
-var States = []string{StateInSync, StateOutOfSync, StateNotOwned, StateSourceInvalid, StateMissing}
+var States = []string{StateInSync, StateFrozen, StateOutOfSync, StateNotOwned, StateSourceInvalid, StateMissing}
 
 // Sync results: raysync_sync_total{result}.
 const (

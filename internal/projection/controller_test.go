@@ -326,8 +326,8 @@ func TestSnapshotStates(t *testing.T) {
 	for _, s := range snap.Targets {
 		got[s.RayCluster] = s.Kind + "/" + s.State
 	}
-	// A running cluster's target holding the token its containers started with is as raysync wants it.
-	want := map[string]string{"in": "auth_token/in_sync", "out": "auth_token/out_of_sync", "behind": "auth_token/in_sync",
+	// A running cluster's target holding the token its containers started with is frozen on it.
+	want := map[string]string{"in": "auth_token/in_sync", "out": "auth_token/out_of_sync", "behind": "auth_token/frozen",
 		"foreign": "auth_token/not_owned", "absent": "auth_token/out_of_sync"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("targets = %v, want %v", got, want)

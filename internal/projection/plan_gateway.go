@@ -85,7 +85,7 @@ func headService(rc *unstructured.Unstructured) string {
 
 // runsOn is the token the cluster's processes run on, when raysync can say (nil: no route).
 func runsOn(v clusterView) []byte {
-	if v.plan.Status.Token != names.StateInSync || !v.in.Sources.token.valid() {
+	if !names.AsWanted(v.plan.Status.Token) || !v.in.Sources.token.valid() {
 		return nil // missing, not owned, not yet written, or an invalid source: nothing to forward with
 	}
 	if v.in.Target != nil {

@@ -108,7 +108,7 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 	}{
 		"running on an older token: the Secret stays, the cluster is behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(running)},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		"no container started: the new token at once": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(rayPod("c1-head", "c1"))},
@@ -116,7 +116,7 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		},
 		"KubeRay's token for seconds, pods on a node the kubelet has said nothing of: may have been read, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysOld()), pods(rayPod("c1-head", "c1", onNode))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		"KubeRay's token for seconds, every container still pulling its image: written": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysOld()), pods(rayPod("c1-head", "c1", onNode, pulling))},
@@ -128,7 +128,7 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		},
 		"KubeRay's token just created, but before raysync was watching, pod on a node: may have been read, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysNew()), pods(rayPod("c1-head", "c1", onNode)), watchingSince(planNow.Add(-50 * time.Millisecond))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		"KubeRay's token from before raysync was watching, no pod on a node: written": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysNew()), pods(rayPod("c1-head", "c1")), watchingSince(planNow)},
@@ -136,7 +136,7 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		},
 		"an earlier canonical token, pod on a node the kubelet has said nothing of: may have been read, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(old()), pods(rayPod("c1-head", "c1", onNode))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		// Which token running containers hold is derived from durable state (the target's mark of what
 		// raysync wrote and when, the containers' start times), never from process memory.
@@ -146,16 +146,16 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		},
 		"Secret changed under a container started in the second raysync wrote the token: left as it is, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(changedUnder(rotated.FirstSeen.Add(300 * time.Millisecond))), pods(startedPod("c1-head", "c1", rotated.FirstSeen, headPod))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		"Secret changed under a container started before raysync wrote the token: left as it is, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(changedUnder(rotated.FirstSeen)), pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod),
 				startedPod("c1-worker", "c1", rotated.FirstSeen.Add(-time.Minute)))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		"Secret without raysync's mark under late containers (KubeRay's, written while raysync was down): left as it is, behind": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){target(kuberaysAt(rotated.FirstSeen)), pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 		},
 		"Secret deleted under containers started on the current token: nothing tells their token any more, missing": {
 			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(startedPod("c1-head", "c1", rotated.FirstSeen.Add(time.Hour), headPod))},
@@ -167,30 +167,30 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		},
 		"a RayService's cluster: replaced by default": {
 			rc: rayCluster("c1", ofRayService("svc")), opts: []func(*ClusterInput){target(old()), pods(running), owner(rayService("svc"))},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyReplace, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyReplace, wantTarget: names.StateFrozen,
 		},
 		"a RayService with upgradeStrategy None: held, and why": {
-			rc: rayCluster("c1", ofRayService("svc")), wantTarget: names.StateInSync,
+			rc: rayCluster("c1", ofRayService("svc")), wantTarget: names.StateFrozen,
 			opts:      []func(*ClusterInput){target(old()), pods(running), owner(rayService("svc", setPath("None", "spec", "upgradeStrategy", "type")))},
 			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantHeld: "its RayService has upgradeStrategy None: KubeRay would not start a new cluster",
 		},
 		"restart chosen by annotation, in flight": {
 			rc:   rayCluster("c1", annotated(names.RotationAnnotation, "restart"), annotated(names.RotationStartedAnnotation, planNow.Add(-time.Minute).Format(time.RFC3339))),
-			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenRotating, wantPolicy: names.PolicyRestart, wantTarget: names.StateInSync,
+			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenRotating, wantPolicy: names.PolicyRestart, wantTarget: names.StateFrozen,
 		},
 		"in flight past the timeout: blocked": {
 			rc:   rayCluster("c1", annotated(names.RotationAnnotation, "restart"), annotated(names.RotationStartedAnnotation, planNow.Add(-2*time.Hour).Format(time.RFC3339))),
-			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenBlocked, wantPolicy: names.PolicyRestart, wantTarget: names.StateInSync,
+			opts: []func(*ClusterInput){target(old()), pods(running)}, wantState: names.TokenBlocked, wantPolicy: names.PolicyRestart, wantTarget: names.StateFrozen,
 		},
 		"a managed copy shared by its clusters: held, and why": {
 			rc:        rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}), annotated(names.RotationAnnotation, "restart")),
 			opts:      []func(*ClusterInput){target(secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)), pods(running)},
-			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateFrozen,
 			wantHeld: "it shares the managed Secret shared, which holds one token for every cluster naming it",
 		},
 		"reading the source itself, started before it changed: behind": {
 			rc:   rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "ray-token"}), func(u *unstructured.Unstructured) { u.SetNamespace(tokenSrc.Namespace) }),
-			opts: []func(*ClusterInput){pods(running)}, wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync,
+			opts: []func(*ClusterInput){pods(running)}, wantState: names.TokenBehind, wantPolicy: names.PolicyHold, wantTarget: names.StateInSync, // the source itself: in sync; its containers are behind
 		},
 		"reading the source itself, started after it changed: current": {
 			rc:   rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "ray-token"}), func(u *unstructured.Unstructured) { u.SetNamespace(tokenSrc.Namespace) }),

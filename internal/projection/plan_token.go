@@ -225,11 +225,9 @@ var tokenStates = map[tokenCase]string{
 	tokenRelabel:           names.StateOutOfSync,
 	tokenInSync:            names.StateInSync,
 	tokenRestore:           names.StateOutOfSync,
-	// in_sync while the cluster is behind: the target is as raysync wants it (frozen on the token the
-	// cluster runs on); Rotation.State says behind.
-	tokenFrozen:          names.StateInSync,
-	tokenMayHaveBeenRead: names.StateInSync,
-	tokenWrite:           names.StateOutOfSync,
+	tokenFrozen:            names.StateFrozen, // behind: kept on the token its containers run on
+	tokenMayHaveBeenRead:   names.StateFrozen,
+	tokenWrite:             names.StateOutOfSync,
 }
 
 // actOnToken plans what case c of the token target means: its writes and Events, its state, and
