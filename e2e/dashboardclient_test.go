@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/kuberay"
 )
 
 // rayClientReport is what e2e/tools/rayclient prints.
@@ -55,7 +56,7 @@ func TestKubeRayDashboardClient(t *testing.T) {
 		ray := env.StandIn()
 		ns, token := env.NamespaceWithToken()
 		env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, "svc", "v1"), metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, "svc", "v1"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		env.WaitRayServiceReady(ns, "svc", 2*time.Minute, nil)

@@ -13,17 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/e2e/framework"
-)
-
-var (
-	rayClusterGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}
-	rayServiceGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayservices"}
-	crdGVR        = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	"github.com/raysync/raysync/internal/kuberay"
 )
 
 // Env is one test's view of one control plane.
@@ -93,7 +87,7 @@ func (e *Env) SupportsUpgradeStrategy() bool {
 
 func (e *Env) crdHasField(path ...string) bool {
 	e.t.Helper()
-	crd, err := e.Dynamic.Resource(crdGVR).Get(e.ctx, "rayclusters.ray.io", metav1.GetOptions{})
+	crd, err := e.Dynamic.Resource(framework.CRDGVR).Get(e.ctx, "rayclusters.ray.io", metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatalf("get CRD: %v", err)
 	}
@@ -108,7 +102,7 @@ func (e *Env) crdHasField(path ...string) bool {
 
 func (e *Env) CreateRayCluster(obj *unstructured.Unstructured) *unstructured.Unstructured {
 	e.t.Helper()
-	out, err := e.Dynamic.Resource(rayClusterGVR).Namespace(obj.GetNamespace()).Create(e.ctx, obj, metav1.CreateOptions{})
+	out, err := e.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(obj.GetNamespace()).Create(e.ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatalf("create RayCluster %s: %v", obj.GetName(), err)
 	}
@@ -272,7 +266,7 @@ func (e *Env) WaitServiceClusters(ns, svc string, n int, keep func(*unstructured
 	e.t.Helper()
 	var out []*unstructured.Unstructured
 	err := wait.PollUntilContextTimeout(e.ctx, 50*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		l, err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/originated-from-cr-name=" + svc})
+		l, err := e.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/originated-from-cr-name=" + svc})
 		if err != nil {
 			return false, nil
 		}
@@ -292,14 +286,14 @@ func (e *Env) WaitServiceClusters(ns, svc string, n int, keep func(*unstructured
 
 func (e *Env) PatchRayService(ns, name, mergePatch string) {
 	e.t.Helper()
-	if _, err := e.Dynamic.Resource(rayServiceGVR).Namespace(ns).Patch(e.ctx, name, types.MergePatchType, []byte(mergePatch), metav1.PatchOptions{}); err != nil {
+	if _, err := e.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Patch(e.ctx, name, types.MergePatchType, []byte(mergePatch), metav1.PatchOptions{}); err != nil {
 		e.t.Fatalf("patch RayService %s: %v", name, err)
 	}
 }
 
 func (e *Env) DeleteRayCluster(ns, name string) {
 	e.t.Helper()
-	if err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
+	if err := e.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
 		e.t.Fatalf("delete RayCluster %s: %v", name, err)
 	}
 }

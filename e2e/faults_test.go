@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/raysync/raysync/internal/kuberay"
 )
 
 // TestAPIServerRestart: raysync survives kube-apiserver going away and coming back on the same
@@ -348,7 +350,7 @@ func TestSoakBurstWhileRotating(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := w; i < n; i += 8 {
-					if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Create(env.ctx, rayCluster(ns, fmt.Sprintf("b%04d", i), noWorkers), metav1.CreateOptions{}); err != nil {
+					if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Create(env.ctx, rayCluster(ns, fmt.Sprintf("b%04d", i), noWorkers), metav1.CreateOptions{}); err != nil {
 						t.Error(err)
 						return
 					}

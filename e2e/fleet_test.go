@@ -62,7 +62,7 @@ func runFleet(t *testing.T, env *Env, variant string) {
 		spec["workerGroupSpecs"].([]any)[0].(map[string]any)["replicas"] = int64(1)
 	}
 	for i := range fleetServices {
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, fmt.Sprintf("svc-%02d", i), "v1"), metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, fmt.Sprintf("svc-%02d", i), "v1"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -75,7 +75,7 @@ func runFleet(t *testing.T, env *Env, variant string) {
 	job := rayJob(ns, "job-before", "HTTPMode")
 	// The stand-in runs a job whose entrypoint says "sleep N" for N seconds: long enough to span the wave.
 	_ = unstructured.SetNestedField(job.Object, "sleep 90", "spec", "entrypoint")
-	if _, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(env.ctx, job, metav1.CreateOptions{}); err != nil {
+	if _, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Create(env.ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range fleetServices {
@@ -113,7 +113,7 @@ func runFleet(t *testing.T, env *Env, variant string) {
 			_ = env.Kube.CoreV1().Pods(ns).Delete(env.ctx, p.Name, metav1.DeleteOptions{})
 		}
 	}
-	if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "held-00", types.JSONPatchType,
+	if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Patch(env.ctx, "held-00", types.JSONPatchType,
 		[]byte(`[{"op":"replace","path":"/spec/workerGroupSpecs/0/replicas","value":2}]`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func runFleet(t *testing.T, env *Env, variant string) {
 	f.waitJobDone("job-before")
 	env.AssertStartedWith(ns, t1, jobCluster)
 	next := rayJob(ns, "job-after", "HTTPMode")
-	if _, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(env.ctx, next, metav1.CreateOptions{}); err != nil {
+	if _, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Create(env.ctx, next, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	nextCluster := f.waitJobDone("job-after")
@@ -175,7 +175,7 @@ func (f *fleet) watchInFlight() func() int {
 	go func() {
 		for ctx.Err() == nil {
 			n := 0
-			for _, gvr := range []schema.GroupVersionResource{rayServiceGVR, rayClusterGVR} {
+			for _, gvr := range []schema.GroupVersionResource{kuberay.RayServiceGVR, kuberay.RayClusterGVR} {
 				l, err := f.env.Dynamic.Resource(gvr).Namespace(f.ns).List(ctx, metav1.ListOptions{})
 				if err != nil {
 					continue
@@ -222,7 +222,7 @@ func (f *fleet) waitServingOn(svc, token string, timeout time.Duration) {
 	f.env.t.Helper()
 	want := f.env.StandIn().Fingerprint(token)
 	err := wait.PollUntilContextTimeout(f.env.ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		rs, err := f.env.Dynamic.Resource(rayServiceGVR).Namespace(f.ns).Get(ctx, svc, metav1.GetOptions{})
+		rs, err := f.env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(f.ns).Get(ctx, svc, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -253,14 +253,14 @@ func (f *fleet) waitServingOn(svc, token string, timeout time.Duration) {
 
 // describeService says where a RayService and its clusters stand (for failure messages).
 func (f *fleet) describeService(svc, want string) string {
-	rs, err := f.env.Dynamic.Resource(rayServiceGVR).Namespace(f.ns).Get(f.env.ctx, svc, metav1.GetOptions{})
+	rs, err := f.env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(f.ns).Get(f.env.ctx, svc, metav1.GetOptions{})
 	if err != nil {
 		return err.Error()
 	}
 	active, _, _ := unstructured.NestedString(rs.Object, "status", "activeServiceStatus", "rayClusterName")
 	pending, _, _ := unstructured.NestedString(rs.Object, "status", "pendingServiceStatus", "rayClusterName")
 	out := fmt.Sprintf("active %q pending %q ready %v annotations %v;", active, pending, conditionTrue(rs, "Ready"), rs.GetAnnotations())
-	l, _ := f.env.Dynamic.Resource(rayClusterGVR).Namespace(f.ns).List(f.env.ctx, metav1.ListOptions{LabelSelector: kuberay.OriginatedFromNameLabel + "=" + svc})
+	l, _ := f.env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(f.ns).List(f.env.ctx, metav1.ListOptions{LabelSelector: kuberay.OriginatedFromNameLabel + "=" + svc})
 	starts, _ := f.env.StandIn().Starts(f.env.ctx, f.ns)
 	for _, rc := range l.Items {
 		on, other := 0, 0
@@ -281,7 +281,7 @@ func (f *fleet) describeService(svc, want string) string {
 }
 
 func (f *fleet) rayJob(name string) *unstructured.Unstructured {
-	j, err := f.env.Dynamic.Resource(rayJobGVR).Namespace(f.ns).Get(f.env.ctx, name, metav1.GetOptions{})
+	j, err := f.env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(f.ns).Get(f.env.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil
 	}

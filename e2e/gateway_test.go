@@ -176,7 +176,7 @@ func runGatewayWave(t *testing.T, env *Env, through bool) {
 
 	const services = 3
 	for i := range services {
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, fmt.Sprintf("svc-%d", i), "v1"), metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, fmt.Sprintf("svc-%d", i), "v1"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -186,7 +186,7 @@ func runGatewayWave(t *testing.T, env *Env, through bool) {
 	env.CreateRayCluster(rayCluster(ns, "restart-0", withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})))
 	job := rayJob(ns, "job", "HTTPMode")
 	_ = unstructured.SetNestedField(job.Object, "sleep 60", "spec", "entrypoint")
-	if _, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(env.ctx, job, metav1.CreateOptions{}); err != nil {
+	if _, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Create(env.ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range services {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -283,21 +282,7 @@ func suspendedCluster(rc *unstructured.Unstructured) bool {
 }
 
 // uninstall runs `syncer uninstall` with the admin kubeconfig.
-func (e *Env) uninstall(args ...string) (string, int) {
-	e.t.Helper()
-	path, err := buildSyncer()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out, err := exec.Command(path, append([]string{"uninstall", "--kubeconfig=" + e.Kubeconfig}, args...)...).CombinedOutput()
-	code := 0
-	if x, ok := err.(*exec.ExitError); ok {
-		code = x.ExitCode()
-	} else if err != nil {
-		e.t.Fatal(err)
-	}
-	return string(out), code
-}
+func (e *Env) uninstall(args ...string) (string, int) { return e.syncerCLI("uninstall", args...) }
 
 func freePort(t *testing.T) int {
 	t.Helper()

@@ -107,7 +107,7 @@ func TestKubeRayAuthSecretGarbageCollected(t *testing.T) {
 		ns := env.Namespace()
 		env.CreateRayCluster(rayCluster(ns, "facts-gc"))
 		env.WaitSecret(ns, "facts-gc", 30*time.Second, nil)
-		if err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Delete(env.ctx, "facts-gc", metav1.DeleteOptions{}); err != nil {
+		if err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Delete(env.ctx, "facts-gc", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		env.WaitSecretGone(ns, "facts-gc", 30*time.Second)

@@ -68,7 +68,7 @@ func (e *Env) ClientCert(notBefore, notAfter time.Time) (crt, key []byte) {
 
 func (e *Env) GetRayCluster(ns, name string) *unstructured.Unstructured {
 	e.t.Helper()
-	rc, err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(e.ctx, name, metav1.GetOptions{})
+	rc, err := e.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Get(e.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestPullSecretReachesEveryRayPod(t *testing.T) {
 		// kubelet cannot pull their private image.
 		svc := rayService(ns, "private", "v1")
 		withPrivateImage(svc.Object["spec"].(map[string]any)["rayClusterConfig"].(map[string]any))
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, svc, metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		rc := env.WaitServiceClusters(ns, "private", 1, nil)[0]
@@ -266,7 +266,7 @@ func TestAutoscalerGetsClientTLS(t *testing.T) {
 		if err := retryOnConflict(env, func() error {
 			wiped := env.GetRayCluster(ns, "scaler")
 			wiped.Object["spec"] = rayCluster(ns, "scaler", func(spec map[string]any) { spec["enableInTreeAutoscaling"] = true }).Object["spec"]
-			_, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Update(env.ctx, wiped, metav1.UpdateOptions{})
+			_, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Update(env.ctx, wiped, metav1.UpdateOptions{})
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -8,13 +8,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/e2e/standin"
+	"github.com/raysync/raysync/internal/kuberay"
 )
-
-var rayJobGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
 
 // rayJob builds a RayJob on a token-auth cluster like rayCluster's, submitted in mode.
 func rayJob(ns, name, mode string) *unstructured.Unstructured {
@@ -41,7 +39,7 @@ func TestRayJobRunsWithTheCanonicalToken(t *testing.T) {
 		modes := map[string]string{"http": "HTTPMode", "k8s": "K8sJobMode"}
 		start := time.Now()
 		for name, mode := range modes {
-			if _, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(env.ctx, rayJob(ns, name, mode), metav1.CreateOptions{}); err != nil {
+			if _, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Create(env.ctx, rayJob(ns, name, mode), metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -49,7 +47,7 @@ func TestRayJobRunsWithTheCanonicalToken(t *testing.T) {
 		for name := range modes {
 			var job *unstructured.Unstructured
 			err := wait.PollUntilContextTimeout(env.ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-				j, err := env.Dynamic.Resource(rayJobGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+				j, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 				if err != nil {
 					return false, nil
 				}
@@ -105,7 +103,7 @@ func TestNewClusterRaceAtStartDelay(t *testing.T) {
 		errs := make(chan error, n)
 		for i := range n {
 			go func() {
-				_, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Create(env.ctx, rayCluster(ns, fmt.Sprintf("burst-%d", i)), metav1.CreateOptions{})
+				_, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Create(env.ctx, rayCluster(ns, fmt.Sprintf("burst-%d", i)), metav1.CreateOptions{})
 				errs <- err
 			}()
 		}

@@ -685,7 +685,7 @@ func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 		env.PutSource(ns, "ray-token", tokenData(t1))
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
 		created := time.Now()
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, realRayService(ns, "hello", "blue"), metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, realRayService(ns, "hello", "blue"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		blue := env.WaitServiceClusters(ns, "hello", 1, nil)[0].GetName()
@@ -782,7 +782,7 @@ func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 func (e *Env) waitClusterGone(ns, name string, timeout time.Duration) {
 	e.t.Helper()
 	err := wait.PollUntilContextTimeout(e.ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		_, err := e.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		_, err := e.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {

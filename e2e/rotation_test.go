@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -26,21 +25,7 @@ func withAnnotations(a map[string]string) func(*unstructured.Unstructured) {
 }
 
 // rotate runs `syncer rotate` and returns its output and exit code.
-func (e *Env) rotate(args ...string) (string, int) {
-	e.t.Helper()
-	path, err := buildSyncer()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out, err := exec.Command(path, append([]string{"rotate", "--kubeconfig=" + e.Kubeconfig}, args...)...).CombinedOutput()
-	code := 0
-	if x, ok := err.(*exec.ExitError); ok {
-		code = x.ExitCode()
-	} else if err != nil {
-		e.t.Fatal(err)
-	}
-	return string(out), code
-}
+func (e *Env) rotate(args ...string) (string, int) { return e.syncerCLI("rotate", args...) }
 
 // startsSince counts a cluster's container starts with a token after t, and how many used token.
 func (e *Env) startsSince(ns, cluster, token string, t time.Time) (all, with int) {
@@ -131,7 +116,7 @@ func TestRunningClusterKeepsItsTokenUntilItMoves(t *testing.T) {
 				}
 			}
 		}
-		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "held", types.JSONPatchType,
+		if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Patch(env.ctx, "held", types.JSONPatchType,
 			[]byte(`[{"op":"replace","path":"/spec/workerGroupSpecs/0/replicas","value":2}]`), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -160,12 +145,12 @@ func TestRunningClusterKeepsItsTokenUntilItMoves(t *testing.T) {
 		if out, code := env.rotate("--auth-source="+ns+"/ray-token", "--namespaces="+ns, ns+"/restarted"); code != 1 || !strings.Contains(out, "refused: not behind") {
 			t.Errorf("syncer rotate of a current cluster: exit %d\n%s", code, out)
 		}
-		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "restarted", types.MergePatchType,
+		if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Patch(env.ctx, "restarted", types.MergePatchType,
 			[]byte(`{"metadata":{"annotations":{"raysync.dev/rotate":"by-hand"}}}`), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		env.WaitEventMessage(ns, "restarted", "RotationNotNeeded", 30*time.Second, "already runs on the current canonical token")
-		if rc, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(env.ctx, "restarted", metav1.GetOptions{}); err != nil {
+		if rc, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Get(env.ctx, "restarted", metav1.GetOptions{}); err != nil {
 			t.Fatal(err)
 		} else if _, kept := rc.GetAnnotations()["raysync.dev/rotate"]; kept {
 			t.Error("the rotation request on a current cluster was kept")
@@ -221,7 +206,7 @@ func TestRayServiceRotationReplaces(t *testing.T) {
 		env.StandIn()
 		ns, t1 := env.NamespaceWithToken()
 		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, "serve", "v1"), metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, "serve", "v1"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		blue := env.WaitServiceClusters(ns, "serve", 1, nil)[0].GetName()
@@ -237,7 +222,7 @@ func TestRayServiceRotationReplaces(t *testing.T) {
 		env.WaitRayServiceReady(ns, "serve", 120*time.Second, func(active string) bool { return active == green })
 		env.WaitEvent(ns, "serve", "RotationCompleted", 120*time.Second)
 		took := time.Since(rotatedAt)
-		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(env.ctx, blue, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Get(env.ctx, blue, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("the rotation completed while the old cluster %s still exists", blue)
 		}
 		env.AssertStartedWith(ns, t2, green)
@@ -246,7 +231,7 @@ func TestRayServiceRotationReplaces(t *testing.T) {
 		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayService", "state": "current"}, 1, 30*time.Second)
 		env.assertNoRefusals(ns)
 		// What raysync wrote onto the RayService: a rotation number, never the token or its digest.
-		rs, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Get(env.ctx, "serve", metav1.GetOptions{})
+		rs, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Get(env.ctx, "serve", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,13 +287,13 @@ func TestSharedSecretRotation(t *testing.T) {
 		env.CreateRayCluster(rayCluster(ns, "share-c", withSecretName("shared"), restart))
 		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=share-c", 2, 60*time.Second)
 		env.AssertStartedWith(ns, t1, "share-c")
-		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "share-b", types.MergePatchType,
+		if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Patch(env.ctx, "share-b", types.MergePatchType,
 			[]byte(`{"spec":{"suspend":true}}`), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		env.waitNoPods(ns, "share-b", 60*time.Second)
 		shareA := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=share-a", 2, 60*time.Second)
-		if _, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Patch(env.ctx, "share-a", types.JSONPatchType,
+		if _, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Patch(env.ctx, "share-a", types.JSONPatchType,
 			[]byte(`[{"op":"replace","path":"/spec/workerGroupSpecs/0/replicas","value":2}]`), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}

@@ -262,7 +262,7 @@ func (e *Env) WaitRayServiceReady(ns, name string, timeout time.Duration, active
 	e.t.Helper()
 	var svc *unstructured.Unstructured
 	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		s, err := e.Dynamic.Resource(rayServiceGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		s, err := e.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}

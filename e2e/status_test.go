@@ -12,14 +12,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// status runs `syncer status` and returns its stdout and exit code.
-func (e *Env) status(args ...string) (string, int) {
+// status runs `syncer status` and returns its output and exit code.
+func (e *Env) status(args ...string) (string, int) { return e.syncerCLI("status", args...) }
+
+// syncerCLI runs `syncer <command>` with the admin kubeconfig and returns its stdout, then its stderr,
+// and its exit code. It fails the test if the output holds a secret value the test made.
+func (e *Env) syncerCLI(command string, args ...string) (string, int) {
 	e.t.Helper()
 	path, err := buildSyncer()
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd := exec.Command(path, append([]string{"status", "--kubeconfig=" + e.Kubeconfig}, args...)...)
+	cmd := exec.Command(path, append([]string{command, "--kubeconfig=" + e.Kubeconfig}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -32,7 +36,7 @@ func (e *Env) status(args ...string) (string, int) {
 	}
 	for _, v := range e.secrets {
 		if strings.Contains(string(out)+stderr.String(), v) {
-			e.t.Errorf("syncer status printed a secret value")
+			e.t.Errorf("syncer %s printed a secret value", command)
 		}
 	}
 	return string(out) + stderr.String(), code

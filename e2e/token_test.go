@@ -159,7 +159,7 @@ func TestRayServiceBlueGreenKeepsOneToken(t *testing.T) {
 
 		svc := rayService(ns, "serve", "v1")
 		start := time.Now()
-		if _, err := env.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(env.ctx, svc, metav1.CreateOptions{}); err != nil {
+		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		blue := env.WaitServiceClusters(ns, "serve", 1, nil)[0].GetName()
@@ -179,7 +179,7 @@ func TestRayServiceBlueGreenKeepsOneToken(t *testing.T) {
 
 		// The old cluster goes after rayClusterDeletionDelaySeconds; its Secret is garbage-collected with it.
 		err := wait.PollUntilContextTimeout(env.ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-			_, err := env.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(ctx, blue, metav1.GetOptions{})
+			_, err := env.Dynamic.Resource(kuberay.RayClusterGVR).Namespace(ns).Get(ctx, blue, metav1.GetOptions{})
 			return apierrors.IsNotFound(err), nil
 		})
 		if err != nil {

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// Defect 8 of issue 11: --help is an answer, not an error, and names the subcommands.
+// --help is an answer, not an error, and names the subcommands.
 func TestHelp(t *testing.T) {
 	t.Run("syncer status --help", func(t *testing.T) {
 		var out, errOut bytes.Buffer

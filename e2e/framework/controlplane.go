@@ -302,7 +302,8 @@ func (c *ControlPlane) waitAPIServer(ctx context.Context, timeout time.Duration)
 	})
 }
 
-var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+// CRDGVR is the resource of CustomResourceDefinitions.
+var CRDGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // InstallCRDs creates every CRD in dir (too large for client-side apply) and waits until they are Established.
 func InstallCRDs(ctx context.Context, dyn dynamic.Interface, dir string) error {
@@ -344,14 +345,14 @@ func InstallCRDFiles(ctx context.Context, dyn dynamic.Interface, files ...string
 		if err := yaml.Unmarshal(b, &obj.Object); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		if _, err := dyn.Resource(crdGVR).Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		if _, err := dyn.Resource(CRDGVR).Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create CRD %s: %w", obj.GetName(), err)
 		}
 		names = append(names, obj.GetName())
 	}
 	for _, n := range names {
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			crd, err := dyn.Resource(crdGVR).Get(ctx, n, metav1.GetOptions{})
+			crd, err := dyn.Resource(CRDGVR).Get(ctx, n, metav1.GetOptions{})
 			if err != nil {
 				return false, nil
 			}

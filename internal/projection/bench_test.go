@@ -104,7 +104,7 @@ func scrapeFleet(b *testing.B) *harness {
 	return newHarnessWith(b, Config{Source: tokenSrc, Pods: pods}, clusters, objs...)
 }
 
-// BenchmarkScrape1000WithPodSources is one metrics scrape over the fleet above (issue 11, defect 3).
+// BenchmarkScrape1000WithPodSources is one metrics scrape over the fleet above.
 func BenchmarkScrape1000WithPodSources(b *testing.B) {
 	h := scrapeFleet(b)
 	snap := h.ctrl.Snapshot()

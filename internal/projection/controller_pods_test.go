@@ -25,10 +25,7 @@ func TestSyncPodConfig(t *testing.T) {
 	recreate := func(rc *unstructured.Unstructured) {
 		_ = unstructured.SetNestedField(rc.Object, "Recreate", "spec", "upgradeStrategy", "type")
 	}
-	managedCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
-		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
-		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
+	managedCopy := pullCopy(unstored)
 	tests := map[string]struct {
 		rc            *unstructured.Unstructured
 		objs          []runtime.Object
@@ -181,10 +178,7 @@ func TestPruneManagedPodCopies(t *testing.T) {
 // however often the cluster is reconciled.
 func TestPodsStartedWithoutConfigCountedOnce(t *testing.T) {
 	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
-	managedCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
-		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
-		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
+	managedCopy := pullCopy(unstored)
 	h := newPodHarness(t, fixed, PodOptions{PullSecrets: []types.NamespacedName{pullSource}, RecyclePending: true},
 		pullSecretSource(), managedCopy, rayPod("p1", "c1", running), rayPod("p2", "c1", withPullSecret, running))
 	for range 3 {

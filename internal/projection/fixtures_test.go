@@ -149,6 +149,24 @@ func pullSecretSource() *corev1.Secret {
 		Data: map[string][]byte{".dockerconfigjson": []byte(`{"auths":{"registry.example":{"auth":"dTpw"}}}`)}}
 }
 
+// pullCopy is raysync's copy of the pull secret source in the cluster namespace, as stored (UID and
+// resourceVersion set).
+func pullCopy(opts ...func(*corev1.Secret)) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns, UID: "u-regcred", ResourceVersion: "3",
+		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
+		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
+		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// unstored clears what the API server sets (for objects a fake clientset is seeded with).
+func unstored(s *corev1.Secret) { s.UID, s.ResourceVersion = "", "" }
+
+func withRV(rv string) func(*corev1.Secret) { return func(s *corev1.Secret) { s.ResourceVersion = rv } }
+
 func rayPod(name, cluster string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), ResourceVersion: "1",
 		CreationTimestamp: metav1.NewTime(time.Now().Add(-time.Minute)),

@@ -18,17 +18,6 @@ func resourceVersion(rv string) func(*unstructured.Unstructured) {
 	return func(rc *unstructured.Unstructured) { rc.SetResourceVersion(rv) }
 }
 
-func pullCopy(opts ...func(*corev1.Secret)) *corev1.Secret {
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns, UID: "u-regcred", ResourceVersion: "3",
-		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
-		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
-	for _, o := range opts {
-		o(s)
-	}
-	return s
-}
-
 func createdAt(t time.Time) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(t) }
 }

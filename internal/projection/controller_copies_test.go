@@ -17,14 +17,12 @@ import (
 	"github.com/raysync/raysync/internal/podtemplate"
 )
 
-// Tests for the defects of issue 11's review. Each failed before its fix.
+// Managed copies and the pods that read them: pruning, adoption across sources, type changes, and
+// what raysync keeps (and forgets) about clusters.
 
-// Defect 1: a copy is pruned only when no RayCluster in the namespace references it, selected or not.
+// A copy is pruned only when no RayCluster in the namespace references it, selected or not.
 func TestPruneKeepsCopiesUnselectedClustersReference(t *testing.T) {
-	pullCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns, UID: "u-regcred", ResourceVersion: "1",
-		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
-		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
+	pullCopy := pullCopy(withRV("1"))
 	tests := map[string]struct {
 		clusters []*unstructured.Unstructured
 		objs     []runtime.Object
@@ -53,14 +51,11 @@ func TestPruneKeepsCopiesUnselectedClustersReference(t *testing.T) {
 	}
 }
 
-// Defect 4: a pod whose init containers run has started; pods raysync does not see controlled by the
+// A pod whose init containers run has started; pods raysync does not see controlled by the
 // cluster are never deleted.
 func TestPodsThatMustNotBeRecycled(t *testing.T) {
 	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
-	copyOfPull := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns,
-		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
-		Type: corev1.SecretTypeDockerConfigJson, Data: pullSecretSource().Data}
+	copyOfPull := pullCopy(unstored)
 	initRunning := func(p *corev1.Pod) {
 		p.Spec.InitContainers = []corev1.Container{{Name: "wait-gcs-ready"}}
 		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "wait-gcs-ready",
@@ -107,7 +102,7 @@ func TestPodsThatMustNotBeRecycled(t *testing.T) {
 	})
 }
 
-// Defect 5: nothing is remembered about a cluster once it has left the cache.
+// Nothing is remembered about a cluster once it has left the cache.
 func TestNothingRememberedAboutGoneClusters(t *testing.T) {
 	h := newPodHarness(t, templatedCluster("c1"), PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, pullSecretSource(), sourceSecret(token))
 	h.sync(t, "c1")
@@ -124,7 +119,7 @@ func TestNothingRememberedAboutGoneClusters(t *testing.T) {
 	}
 }
 
-// Defect 6: a copy labelled managed-by raysync is raysync's whatever source it came from.
+// A copy labelled managed-by raysync is raysync's whatever source it came from.
 func TestCopiesOfAnEarlierSourceFollowTheCurrentOne(t *testing.T) {
 	movedFrom := func(src string) func(*corev1.Secret) { return withSecretAnnotation(names.SourceAnnotation, src) }
 	t.Run("token copy follows the new source", func(t *testing.T) {
@@ -140,10 +135,9 @@ func TestCopiesOfAnEarlierSourceFollowTheCurrentOne(t *testing.T) {
 		}
 	})
 	t.Run("pull secret copy follows the new source", func(t *testing.T) {
-		stale := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns, ResourceVersion: "1",
-			Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-			Annotations: map[string]string{names.SourceAnnotation: "old/regcred", names.KindAnnotation: string(names.KindPullSecret)}},
-			Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{".dockerconfigjson": []byte(`{"auths":{}}`)}}
+		stale := pullCopy(unstored, withRV("1"), withSecretAnnotation(names.SourceAnnotation, "old/regcred"), func(s *corev1.Secret) {
+			s.Data = map[string][]byte{".dockerconfigjson": []byte(`{"auths":{}}`)}
+		})
 		h := newPodHarness(t, templatedCluster("c1"), PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, pullSecretSource(), stale)
 		h.sync(t, "c1")
 		s := h.secret(t, "regcred")
@@ -162,13 +156,12 @@ func TestCopiesOfAnEarlierSourceFollowTheCurrentOne(t *testing.T) {
 	})
 }
 
-// Defect 7: a pull-secret source that changes type gets its copies replaced (a Secret's type is immutable).
+// A pull-secret source that changes type gets its copies replaced (a Secret's type is immutable).
 func TestPullSecretTypeChangeReplacesCopy(t *testing.T) {
 	fixed, _, _ := podtemplate.Desired(templatedCluster("c1"), podtemplate.Config{PullSecrets: []string{"regcred"}})
-	oldCopy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "regcred", Namespace: ns, UID: "u-regcred", ResourceVersion: "7",
-		Labels:      map[string]string{names.ManagedByLabel: names.ManagedByValue},
-		Annotations: map[string]string{names.SourceAnnotation: pullSource.String(), names.KindAnnotation: string(names.KindPullSecret)}},
-		Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{".dockercfg": []byte(`{"registry.example":{"auth":"dTpw"}}`)}}
+	oldCopy := pullCopy(withRV("7"), func(s *corev1.Secret) {
+		s.Type, s.Data = corev1.SecretTypeDockercfg, map[string][]byte{".dockercfg": []byte(`{"registry.example":{"auth":"dTpw"}}`)}
+	})
 	h := newPodHarness(t, fixed, PodOptions{PullSecrets: []types.NamespacedName{pullSource}}, pullSecretSource(), oldCopy)
 	h.syncUntilQuiet(t, "c1")
 	if got := strings.Join(h.allWrites(), ","); got != "delete secrets regcred,create secrets regcred" {
@@ -191,7 +184,7 @@ func TestPullSecretTypeChangeReplacesCopy(t *testing.T) {
 	}
 }
 
-// Defect 8: counters whose label values are known at start have a series from the start.
+// Counters whose label values are known at start have a series from the start.
 func TestRotationCounterStartsAtZero(t *testing.T) {
 	h := newPodHarness(t, nil, PodOptions{PullSecrets: []types.NamespacedName{pullSource}})
 	if n := testutil.CollectAndCount(h.metrics.Rotations); n != 2 {
