@@ -22,7 +22,7 @@ import (
 // gatewayProc is one `syncer gateway` replica on loopback.
 type gatewayProc struct {
 	*Syncer
-	DashboardAddr string
+	DashboardAddr, ClientAddr string
 }
 
 // StartGateway runs a gateway replica reading table; it reaches the heads through the stand-in's
@@ -38,10 +38,10 @@ func (e *Env) StartGateway(table types.NamespacedName) *gatewayProc {
 		e.t.Fatal(err)
 	}
 	proxy := e.StandIn().ClientProxyURL
-	g := &gatewayProc{DashboardAddr: fmt.Sprintf("127.0.0.1:%d", port)}
+	g := &gatewayProc{DashboardAddr: fmt.Sprintf("127.0.0.1:%d", port), ClientAddr: fmt.Sprintf("127.0.0.1:%d", client)}
 	g.Syncer = e.startBinary(e.Kubeconfig, "/readyz", []string{"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "HTTPS_PROXY=", "https_proxy=", "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost"},
 		[]string{"gateway"}, "--table-secret="+table.String(), "--dashboard-addr="+g.DashboardAddr,
-		fmt.Sprintf("--client-addr=127.0.0.1:%d", client), "--drain-delay=0s")
+		"--client-addr="+g.ClientAddr, "--drain-delay=0s")
 	return g
 }
 

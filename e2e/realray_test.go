@@ -112,6 +112,12 @@ func withRealPrivateImage(spec map[string]any) {
 // HTTP_PROXY), with the token in RAY_AUTH_TOKEN ("" for none), and returns its output and exit code.
 func (e *Env) rayCLI(timeout time.Duration, token string, args ...string) (string, int) {
 	e.t.Helper()
+	return e.rayCLIVia(e.StandIn().ClientProxyURL, timeout, token, args...)
+}
+
+// rayCLIVia is rayCLI through the HTTP proxy at proxy.
+func (e *Env) rayCLIVia(proxy string, timeout time.Duration, token string, args ...string) (string, int) {
+	e.t.Helper()
 	n, err := e.StandIn().Network(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
@@ -121,7 +127,7 @@ func (e *Env) rayCLI(timeout time.Duration, token string, args ...string) (strin
 	cmd := exec.CommandContext(ctx, filepath.Join(n.Venv, "bin", "ray"), args...)
 	home := e.t.TempDir()
 	cmd.Env = []string{"PATH=" + filepath.Join(n.Venv, "bin") + ":/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8",
-		"HTTP_PROXY=" + e.StandIn().ClientProxyURL, "http_proxy=" + e.StandIn().ClientProxyURL, "NO_PROXY=", "RAY_USAGE_STATS_ENABLED=0"}
+		"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "NO_PROXY=", "RAY_USAGE_STATS_ENABLED=0"}
 	if token != "" {
 		cmd.Env = append(cmd.Env, "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN="+token)
 	}
@@ -139,6 +145,12 @@ func (e *Env) rayCLI(timeout time.Duration, token string, args ...string) (strin
 // gRPC (grpc_proxy: CONNECT) go through the stand-in's client proxy.
 func (e *Env) rayPython(timeout time.Duration, token, program string) (string, int) {
 	e.t.Helper()
+	return e.rayPythonVia(e.StandIn().ClientProxyURL, timeout, token, program)
+}
+
+// rayPythonVia is rayPython through the proxy at proxy (HTTP, and CONNECT for gRPC).
+func (e *Env) rayPythonVia(proxy string, timeout time.Duration, token, program string) (string, int) {
+	e.t.Helper()
 	n, err := e.StandIn().Network(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
@@ -146,7 +158,6 @@ func (e *Env) rayPython(timeout time.Duration, token, program string) (string, i
 	ctx, cancel := context.WithTimeout(e.ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(n.Venv, "bin", "python"), "-c", program)
-	proxy := e.StandIn().ClientProxyURL
 	cmd.Env = []string{"PATH=" + filepath.Join(n.Venv, "bin") + ":/usr/bin:/bin", "HOME=" + e.t.TempDir(), "LANG=C.UTF-8", "RAY_USAGE_STATS_ENABLED=0",
 		"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "grpc_proxy=" + proxy, "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + token,
 		"RAY_grpc_enable_http_proxy=1"} // Ray turns gRPC's proxy support off unless told (ray_constants.GLOBAL_GRPC_OPTIONS)

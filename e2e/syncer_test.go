@@ -223,6 +223,15 @@ func (s *Syncer) Metrics() map[string]*dto.MetricFamily {
 	return fams
 }
 
+// MetricSum is the sum of every series of the counter or gauge name (0 when it has none).
+func (s *Syncer) MetricSum(name string) float64 {
+	sum := 0.0
+	for _, m := range s.Metrics()[name].GetMetric() {
+		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return sum
+}
+
 // Metric returns the value of the series of name whose labels include want (found=false if none).
 func (s *Syncer) Metric(name string, want map[string]string) (float64, bool) {
 	fam, ok := s.Metrics()[name]

@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+// gatewayFront is what the cluster's DNS gives a client: <name>-gw.<namespace>.svc.cluster.local is
+// the gateway. It is a forward proxy on loopback for Ray's own clients (HTTP_PROXY, grpc_proxy): a
+// request for port 8265 goes to the gateway's dashboard listener with its Host kept, a CONNECT to
+// port 10001 becomes a tunnel to its Ray Client listener. Nothing else is reachable through it.
+func (e *Env) gatewayFront(g *gatewayProc) string {
+	e.t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	isGateway := func(hostport, port string) bool {
+		h, p, err := net.SplitHostPort(hostport)
+		return err == nil && p == port && strings.Contains(h, "-gw.")
+	}
+	dashboard := &httputil.ReverseProxy{FlushInterval: -1, Rewrite: func(r *httputil.ProxyRequest) {
+		r.Out.URL.Scheme, r.Out.URL.Host = "http", g.DashboardAddr
+		r.Out.Host = r.In.Host
+	}}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodConnect && isGateway(r.Host, "10001"):
+			up, err := net.DialTimeout("tcp", g.ClientAddr, 5*time.Second)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				up.Close()
+				return
+			}
+			_, _ = conn.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+			go func() { _, _ = io.Copy(up, buf); up.(*net.TCPConn).CloseWrite() }()
+			_, _ = io.Copy(conn, up)
+			conn.Close()
+			up.Close()
+		case r.Method != http.MethodConnect && isGateway(r.Host, "8265"):
+			dashboard.ServeHTTP(w, r)
+		default:
+			http.Error(w, "not a gateway address: "+r.Host, http.StatusBadGateway)
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	e.t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + l.Addr().String()
+}
+
+// viaGateway GETs path on obj's gateway address with token and returns the HTTP status.
+func (e *Env) viaGateway(g *gatewayProc, ns, obj, path, token string) int {
+	req, _ := http.NewRequestWithContext(e.ctx, http.MethodGet, "http://"+g.DashboardAddr+path, nil)
+	req.Host = obj + "-gw." + ns + ".svc.cluster.local:8265"
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestRealRayThroughTheGateway: Ray's own clients — `ray job submit`, `ray job logs`, the
+// JobSubmissionClient SDK and Ray Client (ray://, gRPC on 10001) — reach a real-Ray cluster only
+// through the gateway's address, with the canonical token, which is not the token the cluster runs
+// on after a rotation. With the rotation policy gateway the cluster is never moved: its Secret and its
+// processes keep the first token (a call straight at the head with the new one is refused by Ray),
+// while every client with the new token, or the previous one in its grace, is served by Ray through
+// the gateway. A wrong token is refused by the gateway, which never forwards it.
+func TestRealRayThroughTheGateway(t *testing.T) {
+	if len(controlPlanes) == 0 {
+		t.Skip("no control plane")
+	}
+	env := newEnv(t, controlPlanes[len(controlPlanes)-1])
+	env.longer(15 * time.Minute)
+	ns, srcNS := env.RealRayNamespace(), env.Namespace()
+	t1 := env.NewToken()
+	env.PutSource(srcNS, "ray-token", tokenData(t1))
+	table := types.NamespacedName{Namespace: srcNS, Name: "raysync-gateway"}
+	s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--rotation-policy-raycluster=gateway",
+		"--gateway-table="+table.String(), "--gateway-service=raysync-gateway.raysync.svc.cluster.local", "--gateway-grace=1h")
+	g := env.StartGateway(table)
+	front := env.gatewayFront(g)
+
+	env.CreateRayCluster(realRayCluster(ns, "jobs"))
+	env.WaitPodsReady(ns, kuberay.ClusterLabel+"=jobs,"+kuberay.NodeTypeLabel+"=head", 1, 5*time.Minute)
+	env.waitDashboard(headURL(ns, "jobs-head-svc"), t1)
+	env.waitGateway(g, ns, "jobs", t1)
+	address := "http://jobs-gw." + ns + ".svc.cluster.local:8265"
+	client := "ray://jobs-gw." + ns + ".svc.cluster.local:10001"
+
+	// Every Ray client through the gateway, with the token the cluster runs on.
+	throughGateway := func(token, when string) (jobSeconds, clientSeconds float64) {
+		t.Helper()
+		began := time.Now()
+		out, code := env.rayCLIVia(front, 2*time.Minute, token, "job", "submit", "--address", address, "--no-wait", "--", "python", "-c", "print('answer', 6*7)")
+		m := submittedJob.FindStringSubmatch(out)
+		if code != 0 || m == nil {
+			t.Fatalf("%s: ray job submit through the gateway: exit %d\n%s", when, code, lastLines(out, 15))
+		}
+		var st string
+		err := wait.PollUntilContextTimeout(env.ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+			out, code := env.rayCLIVia(front, time.Minute, token, "job", "status", "--address", address, m[1])
+			switch {
+			case code == 0 && strings.Contains(out, "SUCCEEDED"):
+				st = "SUCCEEDED"
+			case strings.Contains(out, "FAILED") || strings.Contains(out, "STOPPED"):
+				st = lastLines(out, 5)
+			}
+			return st != "", nil
+		})
+		if err != nil || st != "SUCCEEDED" {
+			t.Fatalf("%s: job %s through the gateway: %q (%v)", when, m[1], st, err)
+		}
+		jobSeconds = time.Since(began).Seconds()
+		if out, code := env.rayCLIVia(front, time.Minute, token, "job", "logs", "--address", address, m[1]); code != 0 || !strings.Contains(out, "answer 42") {
+			t.Errorf("%s: ray job logs through the gateway: exit %d\n%s", when, code, lastLines(out, 10))
+		}
+		began = time.Now()
+		out, code = env.rayPythonVia(front, 3*time.Minute, token, fmt.Sprintf(`
+from ray.job_submission import JobSubmissionClient
+print("sdk sees", len(JobSubmissionClient(%q).list_jobs()) >= 1)
+import ray
+ray.init(%q)
+print("ray client says", ray.get(ray.remote(num_cpus=0)(lambda: 42).remote()))
+`, address, client))
+		if code != 0 || !strings.Contains(out, "sdk sees True") || !strings.Contains(out, "ray client says 42") {
+			t.Errorf("%s: the Jobs SDK and Ray Client through the gateway: exit %d\n%s", when, code, lastLines(out, 15))
+		}
+		return jobSeconds, time.Since(began).Seconds()
+	}
+	job1, client1 := throughGateway(t1, "before the rotation")
+	if code := env.viaGateway(g, ns, "jobs", "/api/jobs/", env.NewToken()); code != http.StatusUnauthorized && code != http.StatusForbidden {
+		t.Errorf("a wrong token through the gateway: HTTP %d, want 401 or 403", code)
+	}
+	if out, code := env.rayCLIVia(front, time.Minute, env.NewToken(), "job", "list", "--address", address); code == 0 {
+		t.Errorf("ray job list with a wrong token through the gateway succeeded:\n%s", lastLines(out, 5))
+	}
+
+	// Rotation: the policy gateway moves no cluster; the gateway accepts the new token at once.
+	before := env.WaitSecret(ns, "jobs", 10*time.Second, holds(t1))
+	t2 := env.NewToken()
+	rotated := time.Now()
+	env.PutSource(srcNS, "ray-token", tokenData(t2))
+	env.waitGateway(g, ns, "jobs", t2)
+	accepted := time.Since(rotated)
+	if code := env.rayAPI(headURL(ns, "jobs-head-svc"), "/api/jobs/", t2, nil); code != http.StatusUnauthorized && code != http.StatusForbidden {
+		t.Errorf("straight at the head, the new token: HTTP %d; Ray should refuse it (the cluster runs on the first)", code)
+	}
+	job2, client2 := throughGateway(t2, "after the rotation, new token")
+	if code := env.viaGateway(g, ns, "jobs", "/api/jobs/", t1); code != http.StatusOK {
+		t.Errorf("the previous token in its grace through the gateway: HTTP %d, want 200", code)
+	}
+	if cur := env.WaitSecret(ns, "jobs", time.Second, nil); cur.ResourceVersion != before.ResourceVersion {
+		t.Error("the cluster's Secret was written: the policy gateway must move no cluster")
+	}
+	env.AssertStartedWith(ns, t1, "jobs")
+	if v := s.MetricSum("raysync_rotations_performed_total"); v != 0 {
+		t.Errorf("%v rotations performed: the policy gateway performs none", v)
+	}
+	if v := g.MetricSum("raysync_gateway_upstream_auth_failures_total"); v != 0 {
+		t.Errorf("Ray refused the gateway %v times", v)
+	}
+	t.Logf("MEASURE real-ray-gateway kuberay=%s job_submit_to_logs_s=%.1f/%.1f sdk_and_ray_client_s=%.1f/%.1f new_token_accepted_after_s=%.1f",
+		env.KubeRayVersion, job1, job2, client1, client2, accepted.Seconds())
+}
+
+// waitGateway waits until the gateway forwards token's calls for obj and Ray answers them.
+func (e *Env) waitGateway(g *gatewayProc, ns, obj, token string) {
+	e.t.Helper()
+	last := 0
+	if err := wait.PollUntilContextTimeout(e.ctx, 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last = e.viaGateway(g, ns, obj, "/api/version", token)
+		return last == http.StatusOK, nil
+	}); err != nil {
+		e.t.Fatalf("the gateway never served %s/%s with the token (last HTTP %d)", ns, obj, last)
+	}
+}
