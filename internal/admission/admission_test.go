@@ -24,20 +24,20 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
-	"github.com/raysync/raysync/internal/projection"
 )
 
 type stub struct{ ops []podtemplate.PatchOp }
 
 func (s stub) Pod(context.Context, string, []byte) ([]podtemplate.PatchOp, string, string) {
 	if len(s.ops) == 0 {
-		return nil, projection.AdmitUnchanged, ""
+		return nil, names.AdmitUnchanged, ""
 	}
-	return s.ops, projection.AdmitMutated, ""
+	return s.ops, names.AdmitMutated, ""
 }
 func (s stub) Secret(context.Context, string, []byte) ([]podtemplate.PatchOp, string, string) {
-	return nil, projection.AdmitSkipped, "x"
+	return nil, names.AdmitSkipped, "x"
 }
 
 func TestHandlerAlwaysAllows(t *testing.T) {

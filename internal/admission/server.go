@@ -14,8 +14,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
-	"github.com/raysync/raysync/internal/projection"
 )
 
 // Paths the webhook configuration names.
@@ -27,7 +27,7 @@ const (
 // maxReview bounds a request body (the API server sends at most a few MiB).
 const maxReview = 8 << 20
 
-// Decider decides what a pod or a Secret being created gets (projection.Admitter).
+// Decider decides what a pod or a Secret being created gets (projection.Admitter implements it).
 type Decider interface {
 	Pod(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
 	Secret(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
@@ -59,14 +59,14 @@ func (h *review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil || ar.Request == nil {
 		// Without the request's UID there is no answer to give: the API server treats this as a
 		// webhook failure and, with failurePolicy Ignore, admits the object unchanged.
-		h.m.Admission.WithLabelValues(h.resource, projection.AdmitInvalid).Inc()
+		h.m.Admission.WithLabelValues(h.resource, names.AdmitInvalid).Inc()
 		h.log.Warn("unreadable admission review", zap.String("resource", h.resource))
 		http.Error(w, "unreadable AdmissionReview", http.StatusBadRequest)
 		return
 	}
 	req := ar.Request
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	result, reason := projection.AdmitUnchanged, "not a CREATE"
+	result, reason := names.AdmitUnchanged, "not a CREATE"
 	if req.Operation == admissionv1.Create {
 		var ops []podtemplate.PatchOp
 		ops, result, reason = h.decide(r.Context(), req.Namespace, req.Object.Raw)
@@ -75,12 +75,12 @@ func (h *review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				pt := admissionv1.PatchTypeJSONPatch
 				resp.Patch, resp.PatchType = patch, &pt
 			} else {
-				result, reason = projection.AdmitInvalid, "patch not encodable"
+				result, reason = names.AdmitInvalid, "patch not encodable"
 			}
 		}
 	}
 	h.m.Admission.WithLabelValues(h.resource, result).Inc()
-	if result == projection.AdmitInvalid {
+	if result == names.AdmitInvalid {
 		h.log.Warn("admitted unchanged: object unreadable", zap.String("resource", h.resource), zap.String("namespace", req.Namespace),
 			zap.String("name", req.Name), zap.String("reason", reason))
 	} else {

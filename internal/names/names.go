@@ -178,3 +178,11 @@ const TLSVolumeName = "raysync-autoscaler-tls"
 
 // FieldManager is raysync's field manager on every write.
 const FieldManager = "raysync"
+
+// Admission outcomes: raysync_admission_requests_total{result} and the webhook's logs.
+const (
+	AdmitMutated   = "mutated"   // raysync's entries (or the canonical token) added
+	AdmitUnchanged = "unchanged" // it already carries them, or raysync has nothing to add
+	AdmitSkipped   = "skipped"   // not raysync's to change now (the reason says why)
+	AdmitInvalid   = "invalid"   // the object in the request could not be read
+)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
 )
 
@@ -20,14 +21,6 @@ import (
 // (internal/admission) asks on every replica; the answers come from the caches and the same pure code
 // as the template patch, with no API call, and never reject: what raysync cannot decide is admitted
 // as it is, and the controller repairs it as it would without the webhook.
-
-// Admission outcomes, for the metrics (label result) and the logs.
-const (
-	AdmitMutated   = "mutated"   // raysync's entries (or the canonical token) added
-	AdmitUnchanged = "unchanged" // it already carries them, or raysync has nothing to add
-	AdmitSkipped   = "skipped"   // not raysync's to change now (the reason says why)
-	AdmitInvalid   = "invalid"   // the object in the request could not be read
-)
 
 // Admitter answers admission requests from a controller's caches.
 type Admitter struct {
@@ -90,15 +83,15 @@ func (a *Admitter) cluster(ctx context.Context, ns, name string) (*unstructured.
 func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtemplate.PatchOp, result, reason string) {
 	var pod map[string]any
 	if err := json.Unmarshal(raw, &pod); err != nil {
-		return nil, AdmitInvalid, "pod is not a JSON object"
+		return nil, names.AdmitInvalid, "pod is not a JSON object"
 	}
 	meta := &unstructured.Unstructured{Object: pod} // reads metadata in place; wrong types read as absent
 	rc, why := a.cluster(ctx, ns, meta.GetLabels()[kuberay.ClusterLabel])
 	if rc == nil {
-		return nil, AdmitSkipped, why
+		return nil, names.AdmitSkipped, why
 	}
 	if owner := metav1.GetControllerOf(meta); owner == nil || owner.UID != rc.GetUID() {
-		return nil, AdmitSkipped, "pod not controlled by its RayCluster"
+		return nil, names.AdmitSkipped, "pod not controlled by its RayCluster"
 	}
 	now := a.now()
 	in := a.gather.cluster(rc, a.sources(now), now)
@@ -106,11 +99,11 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtem
 	ops, err := podtemplate.PodPatch(pod, tc, podtemplate.Autoscaling(rc))
 	switch {
 	case err != nil:
-		return nil, AdmitInvalid, err.Error()
+		return nil, names.AdmitInvalid, err.Error()
 	case len(ops) == 0:
-		return nil, AdmitUnchanged, ""
+		return nil, names.AdmitUnchanged, ""
 	}
-	return ops, AdmitMutated, ""
+	return ops, names.AdmitMutated, ""
 }
 
 // Secret decides the patch for a Secret being created in ns: KubeRay's generated auth Secret of an
@@ -119,32 +112,32 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtem
 func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []podtemplate.PatchOp, result, reason string) {
 	var s corev1.Secret
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return nil, AdmitInvalid, "Secret unreadable"
+		return nil, names.AdmitInvalid, "Secret unreadable"
 	}
 	owner := metav1.GetControllerOf(&s)
 	if owner == nil || owner.Kind != kuberay.RayClusterGVK.Kind {
-		return nil, AdmitSkipped, "not controlled by a RayCluster"
+		return nil, names.AdmitSkipped, "not controlled by a RayCluster"
 	}
 	rc, why := a.cluster(ctx, ns, owner.Name)
 	if rc == nil {
-		return nil, AdmitSkipped, why
+		return nil, names.AdmitSkipped, why
 	}
 	t, ok, err := TokenTargetFor(rc, a.gather.cfg.Source)
 	if err != nil || !ok || t.Mode != Generated || t.Name != s.Name || rc.GetUID() != owner.UID {
-		return nil, AdmitSkipped, "not the cluster's generated auth Secret"
+		return nil, names.AdmitSkipped, "not the cluster's generated auth Secret"
 	}
 	now := a.now()
 	in := a.gather.cluster(rc, a.sources(now), now)
 	src := in.Sources.token
 	switch {
 	case !src.valid():
-		return nil, AdmitSkipped, "canonical source invalid"
+		return nil, names.AdmitSkipped, "canonical source invalid"
 	case holdsToken(&s, src.value):
-		return nil, AdmitUnchanged, ""
+		return nil, names.AdmitUnchanged, ""
 	case slices.ContainsFunc(append(slices.Clip(in.Pods), in.Readers...), func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }):
 		// Containers of a cluster reading it may run on a token raysync cannot tell (the Secret they
 		// read is gone, and with it raysync's mark): the controller does not write it either.
-		return nil, AdmitSkipped, "pods reading this Secret may run on another token"
+		return nil, names.AdmitSkipped, "pods reading this Secret may run on another token"
 	}
 	want := withToken(&s, src.value, a.gather.cfg.Source, now)
 	if s.Data == nil {
@@ -152,5 +145,5 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []pod
 	}
 	ops = append(ops, podtemplate.PatchOp{Op: "add", Path: "/data/" + kuberay.AuthTokenKey, Value: want.Data[kuberay.AuthTokenKey]},
 		podtemplate.PatchOp{Op: "add", Path: "/metadata/annotations", Value: want.Annotations})
-	return ops, AdmitMutated, ""
+	return ops, names.AdmitMutated, ""
 }

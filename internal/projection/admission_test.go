@@ -77,30 +77,30 @@ func TestAdmitPod(t *testing.T) {
 				pull,
 				{Op: "add", Path: "/spec/volumes", Value: []any{map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": "client-tls"}}}},
 			},
-			result: AdmitMutated,
+			result: names.AdmitMutated,
 		},
 		"worker of a cluster without autoscaling: pull secret only": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			pod:      podJSON(t, "c1", map[string]any{"name": "ray-worker"}),
-			want:     []podtemplate.PatchOp{pull}, result: AdmitMutated,
+			want:     []podtemplate.PatchOp{pull}, result: names.AdmitMutated,
 		},
 		"cluster raysync does not know: unchanged, and why": {
-			pod: podJSON(t, "gone", head), result: AdmitSkipped, wantReason: "RayCluster not in raysync's cache",
+			pod: podJSON(t, "gone", head), result: names.AdmitSkipped, wantReason: "RayCluster not in raysync's cache",
 		},
 		"cluster outside the selector's scope: left alone": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", func(u *unstructured.Unstructured) { u.SetNamespace("elsewhere") })},
-			pod:      podJSON(t, "c1", head), result: AdmitSkipped, wantReason: "RayCluster not in raysync's cache",
+			pod:      podJSON(t, "c1", head), result: names.AdmitSkipped, wantReason: "RayCluster not in raysync's cache",
 		},
 		"malformed pod: allowed unchanged": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
 			pod: []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
-				"spec":{"containers":"nope"}}`), result: AdmitInvalid, wantReason: "containers is not a list",
+				"spec":{"containers":"nope"}}`), result: names.AdmitInvalid, wantReason: "containers is not a list",
 		},
 		"a pod another controller owns: left alone": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
-			pod:      []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"}},"spec":{"containers":[]}}`), result: AdmitSkipped, wantReason: "pod not controlled by its RayCluster",
+			pod:      []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"}},"spec":{"containers":[]}}`), result: names.AdmitSkipped, wantReason: "pod not controlled by its RayCluster",
 		},
-		"not JSON: allowed unchanged": {pod: []byte(`[`), result: AdmitInvalid, wantReason: "pod is not a JSON object"},
+		"not JSON: allowed unchanged": {pod: []byte(`[`), result: names.AdmitInvalid, wantReason: "pod is not a JSON object"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -134,7 +134,7 @@ func TestAdmitPodIsIdempotent(t *testing.T) {
 		}
 	}
 	again, _ := json.Marshal(pod)
-	if ops, result, _ := a.Pod(context.Background(), ns, again); len(ops) != 0 || result != AdmitUnchanged {
+	if ops, result, _ := a.Pod(context.Background(), ns, again); len(ops) != 0 || result != names.AdmitUnchanged {
 		t.Errorf("second admission: %v %s, want nothing", ops, result)
 	}
 }
@@ -154,27 +154,27 @@ func TestAdmitSecret(t *testing.T) {
 	}{
 		"a new cluster's Secret: born with the canonical token": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token)},
-			secret: kuberays("c1"), result: AdmitMutated,
+			secret: kuberays("c1"), result: names.AdmitMutated,
 		},
 		"re-created under pods on a node: left to KubeRay's token": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token), rayPod("c1-head", "c1", onNode)},
-			secret: kuberays("c1"), result: AdmitSkipped, wantReason: "pods reading this Secret may run on another token",
+			secret: kuberays("c1"), result: names.AdmitSkipped, wantReason: "pods reading this Secret may run on another token",
 		},
 		"pods created, none on a node: born with the canonical token": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token), rayPod("c1-head", "c1")},
-			secret: kuberays("c1"), result: AdmitMutated,
+			secret: kuberays("c1"), result: names.AdmitMutated,
 		},
 		"source missing: KubeRay's token stays": {
-			clusters: []*unstructured.Unstructured{rayCluster("c1")}, secret: kuberays("c1"), result: AdmitSkipped, wantReason: "canonical source invalid",
+			clusters: []*unstructured.Unstructured{rayCluster("c1")}, secret: kuberays("c1"), result: names.AdmitSkipped, wantReason: "canonical source invalid",
 		},
 		"a cluster naming its own Secret: not raysync's to fill": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "c1"}))},
-			objs:     []runtime.Object{sourceSecret(token)}, secret: kuberays("c1"), result: AdmitSkipped, wantReason: "not the cluster's generated auth Secret",
+			objs:     []runtime.Object{sourceSecret(token)}, secret: kuberays("c1"), result: names.AdmitSkipped, wantReason: "not the cluster's generated auth Secret",
 		},
 		"another Secret: left alone": {
-			objs: []runtime.Object{sourceSecret(token)}, secret: []byte(`{"metadata":{"name":"x"}}`), result: AdmitSkipped, wantReason: "not controlled by a RayCluster",
+			objs: []runtime.Object{sourceSecret(token)}, secret: []byte(`{"metadata":{"name":"x"}}`), result: names.AdmitSkipped, wantReason: "not controlled by a RayCluster",
 		},
-		"unreadable: allowed unchanged": {secret: []byte(`{"data":7}`), result: AdmitInvalid, wantReason: "Secret unreadable"},
+		"unreadable: allowed unchanged": {secret: []byte(`{"data":7}`), result: names.AdmitInvalid, wantReason: "Secret unreadable"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -183,7 +183,7 @@ func TestAdmitSecret(t *testing.T) {
 			if result != tc.result || reason != tc.wantReason {
 				t.Fatalf("result %s %q, want %s %q", result, reason, tc.result, tc.wantReason)
 			}
-			if result != AdmitMutated {
+			if result != names.AdmitMutated {
 				if len(ops) != 0 {
 					t.Errorf("patched %v", ops)
 				}

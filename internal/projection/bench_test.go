@@ -160,7 +160,7 @@ func BenchmarkAdmitPod(b *testing.B) {
 		"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if ops, result, _ := a.Pod(context.Background(), ns, raw); result != AdmitMutated || len(ops) != 4 {
+		if ops, result, _ := a.Pod(context.Background(), ns, raw); result != names.AdmitMutated || len(ops) != 4 {
 			b.Fatalf("%s %v", result, ops)
 		}
 	}

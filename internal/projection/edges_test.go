@@ -298,7 +298,7 @@ func TestWebhookCorrectsStaleEntries(t *testing.T) {
 		{Op: "add", Path: "/spec/containers/1/volumeMounts", Value: []any{map[string]any{"name": names.TLSVolumeName, "mountPath": podtemplate.DefaultTLSMountPath, "readOnly": true}}},
 		{Op: "add", Path: "/spec/volumes", Value: []any{map[string]any{"name": names.TLSVolumeName, "secret": map[string]any{"secretName": "client-tls"}}}},
 	}
-	if diff := cmp.Diff(want, ops); diff != "" || result != AdmitMutated {
+	if diff := cmp.Diff(want, ops); diff != "" || result != names.AdmitMutated {
 		t.Errorf("result %s, patch (-want +got):\n%s", result, diff)
 	}
 }
