@@ -688,7 +688,7 @@ func TestOwnerReferencesPermissionEnforcement(t *testing.T) {
 	}
 	env.kubectlApply(out)
 	kubeconfig, _ := env.serviceAccountKubeconfig(rel, release+"-raysync")
-	s := env.StartSyncerAs(kubeconfig, "--auth-source="+rel+"/ray-token", "--namespaces="+ns, "--leader-elect=false")
+	s := env.StartSyncerAs(kubeconfig, "--auth-source="+rel+"/ray-token", "--namespaces="+ns, "--leader-elect=false", "--name="+release+"-raysync")
 	byRaysync := 0
 	for i := range 5 {
 		name := fmt.Sprintf("owned-%d", i)
@@ -744,8 +744,21 @@ func (e *Env) StartSyncerUnderChart(args ...string) *Syncer {
 	}
 	e.kubectlApply(out)
 	kubeconfig, _ := e.serviceAccountKubeconfig(rel, release+"-raysync")
-	e.lastKubeconfig, e.lastRelease = kubeconfig, rel
-	return e.StartSyncerAs(kubeconfig, append(rest, "--name="+release+"-raysync", "--leader-election-namespace="+rel)...)
+	e.lastKubeconfig, e.lastRelease, e.lastName = kubeconfig, rel, release+"-raysync"
+	return e.StartSyncerAs(kubeconfig, append(rest, "--name="+e.lastName, "--leader-election-namespace="+rel)...)
+}
+
+// StartReplica starts another replica of the install the last StartSyncerUnderChart made: its
+// ServiceAccount, its name (Lease and ledger) and its release namespace, with args.
+func (e *Env) StartReplica(args ...string) *Syncer {
+	e.t.Helper()
+	var rest []string
+	for _, a := range args {
+		if !strings.HasPrefix(a, "--leader-election-namespace=") {
+			rest = append(rest, a)
+		}
+	}
+	return e.StartSyncerAs(e.lastKubeconfig, append(rest, "--name="+e.lastName, "--leader-election-namespace="+e.lastRelease)...)
 }
 
 // TestChartGateway renders the gateway: its own pods (no selector of the controller's matches them, or

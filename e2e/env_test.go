@@ -27,9 +27,9 @@ type Env struct {
 	ctx context.Context
 	// secrets are values that must never appear in raysync's output (see Secret).
 	secrets []string
-	// lastKubeconfig and lastRelease: the ServiceAccount kubeconfig and release namespace of the last
-	// StartSyncerUnderChart, to start more replicas under the same RBAC.
-	lastKubeconfig, lastRelease string
+	// lastKubeconfig, lastRelease and lastName: the ServiceAccount kubeconfig, release namespace and
+	// install name of the last StartSyncerUnderChart, to start more replicas of that install.
+	lastKubeconfig, lastRelease, lastName string
 }
 
 func newEnv(t *testing.T, cp *framework.ControlPlane) *Env {
