@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +21,13 @@ import (
 )
 
 // gatewayFront is what the cluster's DNS gives a client: <name>-gw.<namespace>.svc.cluster.local is
-// the gateway. It is a forward proxy on loopback for Ray's own clients (HTTP_PROXY, grpc_proxy): a
+// the gateway. On loopback, as a forward proxy for Ray's own clients (HTTP_PROXY, grpc_proxy): a
 // request for port 8265 goes to the gateway's dashboard listener with its Host kept, a CONNECT to
-// port 10001 becomes a tunnel to its Ray Client listener. Nothing else is reachable through it.
-func (e *Env) gatewayFront(g *gatewayProc) string {
+// port 10001 becomes a tunnel to its Ray Client listener. And as an address of its own for one object
+// (for clients that ignore proxies, as aiohttp does for Ray's log tail): a request sent to it directly
+// reaches the gateway as if sent to http://<direct>-gw.<namespace>.svc.cluster.local:8265. Nothing else
+// is reachable through it.
+func (e *Env) gatewayFront(g *gatewayProc, direct string) string {
 	e.t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -53,6 +59,9 @@ func (e *Env) gatewayFront(g *gatewayProc) string {
 			_, _ = io.Copy(conn, up)
 			conn.Close()
 			up.Close()
+		case r.Method != http.MethodConnect && r.URL.Host == "": // sent to the front itself
+			r.Host = direct + ":8265"
+			dashboard.ServeHTTP(w, r)
 		case r.Method != http.MethodConnect && isGateway(r.Host, "8265"):
 			dashboard.ServeHTTP(w, r)
 		default:
@@ -64,8 +73,9 @@ func (e *Env) gatewayFront(g *gatewayProc) string {
 	return "http://" + l.Addr().String()
 }
 
-// viaGateway GETs path on obj's gateway address with token and returns the HTTP status.
-func (e *Env) viaGateway(g *gatewayProc, ns, obj, path, token string) int {
+// viaGateway GETs path on obj's gateway address with token, decodes a JSON answer into into (if not
+// nil) and returns the HTTP status.
+func (e *Env) viaGateway(g *gatewayProc, ns, obj, path, token string, into ...any) int {
 	req, _ := http.NewRequestWithContext(e.ctx, http.MethodGet, "http://"+g.DashboardAddr+path, nil)
 	req.Host = obj + "-gw." + ns + ".svc.cluster.local:8265"
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -73,8 +83,11 @@ func (e *Env) viaGateway(g *gatewayProc, ns, obj, path, token string) int {
 	if err != nil {
 		return 0
 	}
+	defer resp.Body.Close()
+	if len(into) > 0 && resp.StatusCode == http.StatusOK {
+		_ = json.NewDecoder(resp.Body).Decode(into[0])
+	}
 	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 	return resp.StatusCode
 }
 
@@ -98,7 +111,7 @@ func TestRealRayThroughTheGateway(t *testing.T) {
 	s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--rotation-policy-raycluster=gateway",
 		"--gateway-table="+table.String(), "--gateway-service=raysync-gateway.raysync.svc.cluster.local", "--gateway-grace=1h")
 	g := env.StartGateway(table)
-	front := env.gatewayFront(g)
+	front := env.gatewayFront(g, "jobs-gw."+ns+".svc.cluster.local")
 
 	env.CreateRayCluster(realRayCluster(ns, "jobs"))
 	env.WaitPodsReady(ns, kuberay.ClusterLabel+"=jobs,"+kuberay.NodeTypeLabel+"=head", 1, 5*time.Minute)
@@ -118,21 +131,28 @@ func TestRealRayThroughTheGateway(t *testing.T) {
 		}
 		var st string
 		err := wait.PollUntilContextTimeout(env.ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
-			out, code := env.rayCLIVia(front, time.Minute, token, "job", "status", "--address", address, m[1])
-			switch {
-			case code == 0 && strings.Contains(out, "SUCCEEDED"):
-				st = "SUCCEEDED"
-			case strings.Contains(out, "FAILED") || strings.Contains(out, "STOPPED"):
-				st = lastLines(out, 5)
+			var info struct {
+				Status string `json:"status"`
 			}
-			return st != "", nil
+			if env.viaGateway(g, ns, "jobs", "/api/jobs/"+m[1], token, &info) == http.StatusOK {
+				st = info.Status
+			}
+			return st == "SUCCEEDED" || st == "FAILED" || st == "STOPPED", nil
 		})
 		if err != nil || st != "SUCCEEDED" {
-			t.Fatalf("%s: job %s through the gateway: %q (%v)", when, m[1], st, err)
+			out, code := env.rayCLIVia(front, time.Minute, token, "job", "status", "--address", address, m[1])
+			logs, _ := env.rayCLIVia(front, time.Minute, token, "job", "logs", "--address", address, m[1])
+			t.Fatalf("%s: job %s through the gateway: %q (%v); ray job status: exit %d\n%s\nlogs:\n%s", when, m[1], st, err, code, lastLines(out, 8), lastLines(logs, 8))
 		}
 		jobSeconds = time.Since(began).Seconds()
 		if out, code := env.rayCLIVia(front, time.Minute, token, "job", "logs", "--address", address, m[1]); code != 0 || !strings.Contains(out, "answer 42") {
 			t.Errorf("%s: ray job logs through the gateway: exit %d\n%s", when, code, lastLines(out, 10))
+		}
+		// `ray job submit` without --no-wait follows the logs over a websocket (aiohttp, which ignores
+		// HTTP_PROXY): straight at the address.
+		if out, code := env.rayCLIVia("", 2*time.Minute, token, "job", "submit", "--address", front, "--", "python", "-c", "print('followed', 6*7)"); code != 0 ||
+			!strings.Contains(out, "followed 42") || !strings.Contains(out, "succeeded") {
+			t.Errorf("%s: ray job submit following its logs through the gateway: exit %d\n%s", when, code, lastLines(out, 15))
 		}
 		began = time.Now()
 		out, code = env.rayPythonVia(front, 3*time.Minute, token, fmt.Sprintf(`
@@ -148,6 +168,7 @@ print("ray client says", ray.get(ray.remote(num_cpus=0)(lambda: 42).remote()))
 		return jobSeconds, time.Since(began).Seconds()
 	}
 	job1, client1 := throughGateway(t1, "before the rotation")
+	env.dashboardLogin(front, t1)
 	if code := env.viaGateway(g, ns, "jobs", "/api/jobs/", env.NewToken()); code != http.StatusUnauthorized && code != http.StatusForbidden {
 		t.Errorf("a wrong token through the gateway: HTTP %d, want 401 or 403", code)
 	}
@@ -166,6 +187,7 @@ print("ray client says", ray.get(ray.remote(num_cpus=0)(lambda: 42).remote()))
 		t.Errorf("straight at the head, the new token: HTTP %d; Ray should refuse it (the cluster runs on the first)", code)
 	}
 	job2, client2 := throughGateway(t2, "after the rotation, new token")
+	env.dashboardLogin(front, t2)
 	if code := env.viaGateway(g, ns, "jobs", "/api/jobs/", t1); code != http.StatusOK {
 		t.Errorf("the previous token in its grace through the gateway: HTTP %d, want 200", code)
 	}
@@ -192,5 +214,42 @@ func (e *Env) waitGateway(g *gatewayProc, ns, obj, token string) {
 		return last == http.StatusOK, nil
 	}); err != nil {
 		e.t.Fatalf("the gateway never served %s/%s with the token (last HTTP %d)", ns, obj, last)
+	}
+}
+
+// dashboardLogin is the dashboard's login as a browser does it, at a gateway address: POST
+// /api/authenticate with the token, then the Jobs API with only the cookie it set, which must hold the
+// client's own token (never the cluster's), and Ray answers.
+func (e *Env) dashboardLogin(address, token string) {
+	e.t.Helper()
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Timeout: 10 * time.Second}
+	req, _ := http.NewRequestWithContext(e.ctx, http.MethodPost, address+"/api/authenticate", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	u, _ := url.Parse(address)
+	var cookie string
+	for _, k := range jar.Cookies(u) {
+		if k.Name == "ray-authentication-token" {
+			cookie = k.Value
+		}
+	}
+	if resp.StatusCode != http.StatusOK || cookie != token {
+		e.t.Errorf("dashboard login through the gateway: HTTP %d, cookie holds the client's token: %v", resp.StatusCode, cookie == token)
+		return
+	}
+	resp, err = c.Get(address + "/api/jobs/")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		e.t.Errorf("the Jobs API with the login cookie through the gateway: HTTP %d", resp.StatusCode)
 	}
 }
