@@ -104,7 +104,9 @@ func New(o Options) *Gateway {
 	h2c := &http.Transport{DialContext: g.tunnel, IdleConnTimeout: 90 * time.Second}
 	h2c.Protocols = new(http.Protocols)
 	h2c.Protocols.SetUnencryptedHTTP2(true)
-	g.dashboard = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h1, FlushInterval: -1,
+	// FlushInterval 0: a response with a length is written once; ReverseProxy flushes streaming ones
+	// (no length, text/event-stream) after every write regardless, and upgrades are raw.
+	g.dashboard = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h1,
 		ModifyResponse: g.dashboardResponse, ErrorHandler: g.upstreamFailed(ProtoHTTP)}
 	g.client = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h2c, FlushInterval: -1,
 		ModifyResponse: g.clientResponse, ErrorHandler: g.upstreamFailed(ProtoGRPC)}
