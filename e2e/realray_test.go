@@ -148,8 +148,28 @@ func (e *Env) rayPython(timeout time.Duration, token, program string) (string, i
 	return e.rayPythonVia(e.StandIn().ClientProxyURL, timeout, token, program)
 }
 
-// rayPythonVia is rayPython through the proxy at proxy (HTTP, and CONNECT for gRPC).
+// rayClientServerFailed is what Ray Client says when the head's proxier could not start the
+// per-client server (its runtime-env agent or the process was too slow on a loaded machine): Ray's
+// own failure, which a user meets by connecting again. Auth failures say something else.
+const rayClientServerFailed = "Starting Ray client server failed"
+
+// rayPythonVia is rayPython through the proxy at proxy (HTTP, and CONNECT for gRPC). A program that
+// fails only because the head could not start its Ray Client server is run again, up to 3 times.
 func (e *Env) rayPythonVia(proxy string, timeout time.Duration, token, program string) (string, int) {
+	e.t.Helper()
+	var out string
+	var code int
+	for attempt := 1; attempt <= 3; attempt++ {
+		if out, code = e.rayPythonOnce(proxy, timeout, token, program); code == 0 || !strings.Contains(out, rayClientServerFailed) {
+			return out, code
+		}
+		e.t.Logf("attempt %d: the head could not start a Ray Client server (Ray's own failure); connecting again", attempt)
+		time.Sleep(5 * time.Second)
+	}
+	return out, code
+}
+
+func (e *Env) rayPythonOnce(proxy string, timeout time.Duration, token, program string) (string, int) {
 	e.t.Helper()
 	n, err := e.StandIn().Network(e.ctx)
 	if err != nil {
