@@ -114,17 +114,8 @@ func (b *bench) gatewayBench(rate int, each time.Duration) gatewayResult {
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 
 	// Latency: the gateway's own code, in process, in front of the same upstream.
-	g := gateway.New(gateway.Options{DashboardPort: 8265, ClientPort: 10001,
-		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, up)
-		}})
-	g.SetTable(benchTable(b.ns, 10))
-	gln, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	gsrv := &http.Server{Handler: g.Dashboard()}
-	go func() { _ = gsrv.Serve(gln) }()
-	defer gsrv.Close()
+	gAddr, stopG := serveLocal(gatewayDialing(up, b.ns).Dashboard(), false)
+	defer stopG()
 	mkDirect := func() *http.Request {
 		req, _ := http.NewRequest("GET", "http://"+up+"/api/jobs/", nil)
 		req.Header.Set("Authorization", "Bearer "+string(clusterTok))
@@ -143,24 +134,21 @@ func (b *bench) gatewayBench(rate int, each time.Duration) gatewayResult {
 	upURL, _ := url.Parse("http://" + up)
 	bare := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(upURL) },
 		Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
-	bln, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	bsrv := &http.Server{Handler: bare}
-	go func() { _ = bsrv.Serve(bln) }()
-	defer bsrv.Close()
+	bAddr, stopBare := serveLocal(bare, false)
+	defer stopBare()
 	mkBare := func() *http.Request {
-		req, _ := http.NewRequest("GET", "http://"+bln.Addr().String()+"/api/jobs/", nil)
+		req, _ := http.NewRequest("GET", "http://"+bAddr+"/api/jobs/", nil)
 		req.Header.Set("Authorization", "Bearer "+string(clusterTok))
 		return req
 	}
 	paced(rate, 2*time.Second, mkDirect, client) // warm every path
 	paced(rate, 2*time.Second, mkBare, client)
-	paced(rate, 2*time.Second, mkGateway(gln.Addr().String()), client)
+	paced(rate, 2*time.Second, mkGateway(gAddr), client)
 	var d, bp, gw []float64
 	for range 2 { // interleaved halves, so drift of the machine hits all three alike
 		d = append(d, paced(rate, each/2, mkDirect, client)...)
 		bp = append(bp, paced(rate, each/2, mkBare, client)...)
-		gw = append(gw, paced(rate, each/2, mkGateway(gln.Addr().String()), client)...)
+		gw = append(gw, paced(rate, each/2, mkGateway(gAddr), client)...)
 	}
 	for _, l := range [][]float64{d, bp, gw} {
 		sort.Float64s(l)
@@ -207,21 +195,10 @@ func (b *bench) gatewayBench(rate int, each time.Duration) gatewayResult {
 	// Ray Client: one bidirectional stream of 64 KiB messages for `each`, echoed by the upstream.
 	echo, stopEcho := h2cEcho()
 	defer stopEcho()
-	gc := gateway.New(gateway.Options{DashboardPort: 8265, ClientPort: 10001,
-		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, echo)
-		}})
-	gc.SetTable(benchTable(b.ns, 10))
-	cln, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	csrv := &http.Server{Handler: gc.Client()}
-	csrv.Protocols = new(http.Protocols)
-	csrv.Protocols.SetUnencryptedHTTP2(true)
-	go func() { _ = csrv.Serve(cln) }()
-	defer csrv.Close()
+	cAddr, stopC := serveLocal(gatewayDialing(echo, b.ns).Client(), true)
+	defer stopC()
 	r.GRPCDirectMBs = streamMBs(echo, "c1-gw."+b.ns+":10001", "Bearer "+string(clusterTok), each)
-	r.GRPCGatewayMBs = streamMBs(cln.Addr().String(), "c1-gw."+b.ns+":10001", "Bearer "+gatewayToken, each)
+	r.GRPCGatewayMBs = streamMBs(cAddr, "c1-gw."+b.ns+":10001", "Bearer "+gatewayToken, each)
 	return r
 }
 
@@ -316,6 +293,30 @@ func streamMBs(addr, authority, auth string, d time.Duration) float64 {
 	}
 	pw.Close()
 	return float64(bytes) / time.Since(start).Seconds() / 1e6
+}
+
+// gatewayDialing is the gateway's code in process with a table of 10 clusters, every head dialled at addr.
+func gatewayDialing(addr, ns string) *gateway.Gateway {
+	g := gateway.New(gateway.Options{DashboardPort: 8265, ClientPort: 10001,
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}})
+	g.SetTable(benchTable(ns, 10))
+	return g
+}
+
+// serveLocal serves h on a loopback port (HTTP/2 without TLS when h2c) and returns its address.
+func serveLocal(h http.Handler, h2c bool) (addr string, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	srv := &http.Server{Handler: h}
+	if h2c {
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }
 }
 
 func printGateway(r *gatewayResult) {
