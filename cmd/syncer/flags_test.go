@@ -91,6 +91,25 @@ func TestParseFlags(t *testing.T) {
 		"http api server refused":        {args: append(base, "--autoscaler-tls-secret=a/t", "--autoscaler-api-server=http://proxy"), wantErr: "https"},
 		"relative mount path":            {args: append(base, "--autoscaler-tls-mount-path=etc/tls"), wantErr: "clean absolute path"},
 		"positional argument":            {args: append(base, "extra"), wantErr: `unexpected argument "extra"`},
+		"negative drain delay":           {args: append(base, "--drain-delay=-1s"), wantErr: "--drain-delay must not be negative"},
+		// Two roles naming one Secret: raysync would overwrite (or erase) one with the other.
+		"ledger names the source": {args: append(base, "--rotation-ledger=raysync/ray-token"),
+			wantErr: "--rotation-ledger raysync/ray-token is also --auth-source: each role needs a Secret of its own"},
+		"ledger names a pull secret":            {args: append(base, "--pull-secret=p/regcred", "--rotation-ledger=p/regcred"), wantErr: "is also --pull-secret"},
+		"ledger names the TLS secret":           {args: append(base, "--autoscaler-tls-secret=p/tls", "--rotation-ledger=p/tls"), wantErr: "is also --autoscaler-tls-secret"},
+		"a pull secret is the source":           {args: append(base, "--pull-secret=raysync/ray-token"), wantErr: "--pull-secret raysync/ray-token is also --auth-source"},
+		"the table is the ledger":               {args: append(base, "--gateway-table=raysync/book", "--rotation-ledger=raysync/book"), wantErr: "--gateway-table raysync/book is also --rotation-ledger"},
+		"the table is the source":               {args: append(base, "--gateway-table=raysync/ray-token"), wantErr: "is also --auth-source"},
+		"the webhook certificate is the source": {args: append(base, "--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--webhook-cert-secret=raysync/ray-token"), wantErr: "--webhook-cert-secret raysync/ray-token is also --auth-source"},
+		"the webhook certificate is the table":  {args: append(base, "--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--gateway-table=raysync/x", "--webhook-cert-secret=raysync/x"), wantErr: "is also --gateway-table"},
+		"the webhook certificate is the ledger (defaults)": {args: []string{"--auth-source=a/b", "--all-namespaces", "--leader-election-namespace=sys",
+			"--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--webhook-cert-secret=sys/raysync-rotations"}, wantErr: "is also --rotation-ledger"},
+		"a pull secret's copy would be the ledger": {args: append(base, "--pull-secret=p/book", "--rotation-ledger=ml/book"),
+			wantErr: "--pull-secret p/book is copied as book into the watched namespace ml, where it is --rotation-ledger"},
+		"a copy outside the watched namespaces is no copy": {args: []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--leader-elect=false", "--pull-secret=p/book", "--rotation-ledger=other/book"},
+			check: func(t *testing.T, c *config) {}},
+		"a cert-manager certificate is no Secret raysync writes": {args: append(base, "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-cert-secret=raysync/ray-token"),
+			check: func(t *testing.T, c *config) {}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
