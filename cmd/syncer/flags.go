@@ -217,7 +217,48 @@ func parseCommand(cmd string, args []string, getenv func(string) string) (*confi
 	if err := c.validate(&r); err != nil {
 		return nil, nil, err
 	}
+	if cmd == "" {
+		if err := c.noIneffectiveFlags(fs); err != nil {
+			return nil, nil, err
+		}
+	}
 	return c, append(positional, rest...), nil
+}
+
+// noIneffectiveFlags refuses a flag of the controller given a value (other than its default) that
+// would change nothing, because what it configures is off: raysync never accepts and ignores a flag.
+// (The one-shot commands take the controller's flags as they are, so that its command line gives the
+// same answer: there the controller's own settings are accepted and say nothing about the command.)
+func (c *config) noIneffectiveFlags(fs *flag.FlagSet) error {
+	webhookOff := c.webhook.addr == ""
+	certManager := c.webhook.certDir != ""
+	podsOff := len(c.pullSecrets) == 0 && c.autoscalerTLS == nil
+	rules := map[string]struct {
+		off  bool
+		when string
+	}{
+		"webhook-cert-dir":               {webhookOff, "without --webhook-addr"},
+		"webhook-cert-secret":            {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-dns-names":              {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-ips":                    {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-cert-validity":          {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-configuration":          {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir (cert-manager injects the caBundle)"},
+		"gateway-grace":                  {c.gateway.Table.Name == "", "without --gateway-table"},
+		"autoscaler-tls-mount-path":      {c.autoscalerTLS == nil, "without --autoscaler-tls-secret"},
+		"recycle-pending-pods":           {podsOff, "without --pull-secret or --autoscaler-tls-secret"},
+		"allow-recreate":                 {podsOff, "without --pull-secret or --autoscaler-tls-secret"},
+		"leader-election-lease-duration": {!c.leaderElect || c.dryRun, "with --leader-elect=false or --dry-run"},
+		"leader-election-renew-deadline": {!c.leaderElect || c.dryRun, "with --leader-elect=false or --dry-run"},
+		"leader-election-retry-period":   {!c.leaderElect || c.dryRun, "with --leader-elect=false or --dry-run"},
+		"kube-api-burst":                 {c.qps == 0, "without --kube-api-qps"},
+	}
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if r, ok := rules[f.Name]; ok && r.off && f.Value.String() != f.DefValue && err == nil {
+			err = fmt.Errorf("--%s=%s has no effect %s: remove it (raysync never accepts and ignores a flag)", f.Name, f.Value, r.when)
+		}
+	})
+	return err
 }
 
 func (c *config) validate(r *rawFlags) error {

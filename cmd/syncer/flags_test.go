@@ -108,8 +108,23 @@ func TestParseFlags(t *testing.T) {
 			wantErr: "--pull-secret p/book is copied as book into the watched namespace ml, where it is --rotation-ledger"},
 		"a copy outside the watched namespaces is no copy": {args: []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--leader-elect=false", "--pull-secret=p/book", "--rotation-ledger=other/book"},
 			check: func(t *testing.T, c *config) {}},
-		"a cert-manager certificate is no Secret raysync writes": {args: append(base, "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-cert-secret=raysync/ray-token"),
-			check: func(t *testing.T, c *config) {}},
+		// A flag given a value that changes nothing (what it configures is off) is refused, never ignored.
+		"a certificate Secret with cert-manager's certificate": {args: append(base, "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-cert-secret=raysync/ray-token"),
+			wantErr: "--webhook-cert-secret=raysync/ray-token has no effect without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook names without a webhook":      {args: append(base, "--webhook-dns-names=a.b"), wantErr: "--webhook-dns-names=a.b has no effect"},
+		"a certificate directory alone":        {args: append(base, "--webhook-cert-dir=/tls"), wantErr: "--webhook-cert-dir=/tls has no effect without --webhook-addr"},
+		"a grace without a gateway":            {args: append(base, "--gateway-grace=1h"), wantErr: "--gateway-grace=1h0m0s has no effect without --gateway-table"},
+		"a mount path without a certificate":   {args: append(base, "--autoscaler-tls-mount-path=/tls"), wantErr: "has no effect without --autoscaler-tls-secret"},
+		"recycling off without pod sources":    {args: append(base, "--recycle-pending-pods=false"), wantErr: "--recycle-pending-pods=false has no effect"},
+		"lease timing without leader election": {args: append(base, "--leader-election-lease-duration=30s"), wantErr: "with --leader-elect=false or --dry-run"},
+		"a burst without a rate":               {args: append(base, "--kube-api-burst=10"), wantErr: "--kube-api-burst=10 has no effect without --kube-api-qps"},
+		"defaults given explicitly change nothing: accepted": {args: append(base, "--recycle-pending-pods=true", "--allow-recreate=false", "--kube-api-burst=0",
+			"--autoscaler-tls-mount-path=/etc/raysync/autoscaler-tls", "--leader-election-retry-period=2s", "--gateway-grace=24h"), check: func(t *testing.T, c *config) {}},
+		"the one-shot commands take the controller's flags as they are": {args: base, check: func(t *testing.T, c *config) {
+			if _, _, err := parseCommand(statusCommand, append(base, "--leader-election-lease-duration=30s", "--webhook-dns-names=a.b"), func(string) string { return "" }); err != nil {
+				t.Error(err)
+			}
+		}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
