@@ -282,3 +282,27 @@ current-context: c
 		}
 	}
 }
+
+// The controller watches the gateway's table (to put it back); a report reads no cluster token.
+func TestOnlyTheControllerWatchesTheTable(t *testing.T) {
+	args := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--leader-elect=false", "--gateway-table=raysync/raysync-gateway"}
+	c, err := parseFlags(args, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.informer(); w.Table.Name != "raysync-gateway" || w.Ledger.Name != "raysync-rotations" {
+		t.Errorf("the controller watches %+v", w)
+	}
+	for _, cmd := range []string{statusCommand, rotateCommand, uninstallCommand, revokeCommand} {
+		c, _, err := parseCommand(cmd, append(args, "--all"), func(string) string { return "" })
+		if cmd != rotateCommand {
+			c, _, err = parseCommand(cmd, args, func(string) string { return "" })
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := c.informer(); w.Table.Name != "" || w.Ledger.Name == "" {
+			t.Errorf("syncer %s watches %+v", cmd, w)
+		}
+	}
+}

@@ -69,6 +69,9 @@ type config struct {
 	webhook     webhookConfig
 	gateway     projection.GatewayOptions
 
+	// oneShot: a one-shot command (status, rotate, uninstall, revoke-previous), not the controller.
+	oneShot bool
+
 	// Subcommands' own flags.
 	output string // status: table or json
 	all    bool   // rotate: every cluster behind
@@ -213,6 +216,7 @@ func parseCommand(cmd string, args []string, getenv func(string) string) (*confi
 	}
 	if cmd != "" {
 		c.leaderElect = false // a one-shot command never leads
+		c.oneShot = true
 	}
 	if err := c.validate(&r); err != nil {
 		return nil, nil, err
@@ -563,7 +567,12 @@ func (c *config) projection() projection.Config {
 	return pc
 }
 
-// informer is what raysync watches: the namespaces, and every source by name.
+// informer is what raysync watches: the namespaces, every source, the ledger and (the controller) the
+// gateway's table by name.
 func (c *config) informer() informer.Config {
-	return c.projection().Watches(c.namespaces)
+	w := c.projection().Watches(c.namespaces)
+	if c.oneShot {
+		w.Table = types.NamespacedName{} // reports read no cluster token: the table is the controller's to keep
+	}
+	return w
 }
