@@ -385,3 +385,54 @@ func TestDryRunControllerTakesNoLease(t *testing.T) {
 		t.Errorf("a dry run tried to write:\n%s", lastLines(s.Output(), 20))
 	}
 }
+
+// TestRevokePreviousOnAQuietFleet: as the black-box run found it, on a fleet where nothing else moves
+// (a cluster whose pods never start: no pod, Secret or status change wakes raysync up), the
+// revocation alone must make the gateway refuse the previous token at once.
+func TestRevokePreviousOnAQuietFleet(t *testing.T) {
+	if len(controlPlanes) == 0 || controlPlanes[0].External {
+		t.Skip("needs the harness's control plane")
+	}
+	env := newEnv(t, controlPlanes[0])
+	env.StandIn()
+	ns := env.NamespaceWithoutKubelet()
+	t1, t2 := env.NewToken(), env.NewToken()
+	env.PutSource(ns, "ray-token", tokenData(t1))
+	table := types.NamespacedName{Namespace: ns, Name: "raysync-gateway"}
+	flags := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns, "--rotation-policy-raycluster=gateway", "--gateway-table=" + table.String()}
+	env.StartSyncer(append(flags, "--gateway-service=raysync-gateway.raysync.svc.cluster.local", "--gateway-grace=1h")...)
+	env.CreateRayCluster(rayCluster(ns, "quiet"))
+	env.WaitSecret(ns, "quiet", 30*time.Second, holds(t1))
+	g := env.StartGateway(table)
+	waitRoutes(t, g, 1)
+	env.PutSource(ns, "ray-token", tokenData(t2))
+	// Accepted: forwarded to a head that is not there (a 5xx); refused: 403.
+	accepted := func(tok string) bool { code := env.viaGateway(g, ns, "quiet", "/api/jobs/", tok); return code >= 500 }
+	if err := wait.PollUntilContextTimeout(env.ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return accepted(t1) && accepted(t2), nil
+	}); err != nil {
+		t.Fatalf("the gateway does not accept the new and the previous token: %d, %d", env.viaGateway(g, ns, "quiet", "/api/jobs/", t2), env.viaGateway(g, ns, "quiet", "/api/jobs/", t1))
+	}
+	time.Sleep(3 * time.Second) // the fleet settles
+	start := time.Now()
+	if out, code := env.syncerCLI("revoke-previous", flags...); code != 0 {
+		t.Fatalf("syncer revoke-previous: exit %d\n%s", code, out)
+	}
+	done := time.Now()
+	var refused time.Time
+	_ = wait.PollUntilContextTimeout(env.ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		if env.viaGateway(g, ns, "quiet", "/api/jobs/", t1) == http.StatusForbidden {
+			refused = time.Now()
+			return true, nil
+		}
+		return false, nil
+	})
+	if refused.IsZero() {
+		t.Fatal("the gateway still accepts the revoked token 30 s after syncer revoke-previous")
+	}
+	t.Logf("MEASURE revoke-previous-quiet kuberay=%s revoke_to_first_refusal_s=%.3f command_exit_to_first_refusal_s=%.3f",
+		env.KubeRayVersion, refused.Sub(start).Seconds(), refused.Sub(done).Seconds())
+	if !accepted(t2) {
+		t.Error("the current token is refused after the revocation")
+	}
+}
