@@ -395,17 +395,19 @@ func TestRevokePreviousOnAQuietFleet(t *testing.T) {
 	}
 	env := newEnv(t, controlPlanes[0])
 	env.StandIn()
-	ns := env.NamespaceWithoutKubelet()
+	// raysync's own namespace (the source, the ledger, the table) is not one it watches for clusters,
+	// as installed: no watch of the clusters' namespace sees the ledger change.
+	ns, own := env.NamespaceWithoutKubelet(), env.Namespace()
 	t1, t2 := env.NewToken(), env.NewToken()
-	env.PutSource(ns, "ray-token", tokenData(t1))
-	table := types.NamespacedName{Namespace: ns, Name: "raysync-gateway"}
-	flags := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns, "--rotation-policy-raycluster=gateway", "--gateway-table=" + table.String()}
+	env.PutSource(own, "ray-token", tokenData(t1))
+	table := types.NamespacedName{Namespace: own, Name: "raysync-gateway"}
+	flags := []string{"--auth-source=" + own + "/ray-token", "--namespaces=" + ns, "-n", own, "--rotation-policy-raycluster=gateway", "--gateway-table=" + table.String()}
 	env.StartSyncer(append(flags, "--gateway-service=raysync-gateway.raysync.svc.cluster.local", "--gateway-grace=1h")...)
 	env.CreateRayCluster(rayCluster(ns, "quiet"))
 	env.WaitSecret(ns, "quiet", 30*time.Second, holds(t1))
 	g := env.StartGateway(table)
 	waitRoutes(t, g, 1)
-	env.PutSource(ns, "ray-token", tokenData(t2))
+	env.PutSource(own, "ray-token", tokenData(t2))
 	// Accepted: forwarded to a head that is not there (a 5xx); refused: 403.
 	accepted := func(tok string) bool { code := env.viaGateway(g, ns, "quiet", "/api/jobs/", tok); return code >= 500 }
 	if err := wait.PollUntilContextTimeout(env.ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
