@@ -318,7 +318,7 @@ func TestDrainKeepsProbesAndMetrics(t *testing.T) {
 			if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond) // the signal reaches the process
+			time.Sleep(100 * time.Millisecond)     // the signal reaches the process
 			answers := map[string]map[string]int{} // path -> outcome -> count
 			for time.Since(sent) < 2500*time.Millisecond {
 				for _, u := range []string{s.ProbeURL + "/readyz", s.ProbeURL + "/healthz", s.MetricsURL} {
