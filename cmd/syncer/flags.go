@@ -49,6 +49,8 @@ type config struct {
 	logFormat        string
 	logLevel         zapcore.Level
 	dryRun           bool
+	// drainDelay: on SIGTERM, how long /readyz says 503 (and the webhook keeps answering) before exit.
+	drainDelay time.Duration
 
 	pullSecrets    []types.NamespacedName
 	autoscalerTLS  *types.NamespacedName
@@ -66,6 +68,9 @@ type config struct {
 	noPrecreate bool
 	webhook     webhookConfig
 	gateway     projection.GatewayOptions
+
+	// oneShot: a one-shot command (status, rotate, uninstall, revoke-previous), not the controller.
+	oneShot bool
 
 	// Subcommands' own flags.
 	output string // status: table or json
@@ -141,12 +146,13 @@ func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *fl
 	fs.DurationVar(&c.retryPeriod, "leader-election-retry-period", 2*time.Second, "interval between leader-election attempts")
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address serving /metrics (\"0\" disables)")
 	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz (\"0\" disables)")
+	fs.DurationVar(&c.drainDelay, "drain-delay", 0, "on SIGTERM, how long /readyz answers 503 (and the webhook keeps answering) before raysync exits; /healthz and /metrics answer to the end")
 	fs.Float64Var(&c.qps, "kube-api-qps", 0, "client-side limit on API requests per second; 0 means none (API Priority and Fairness and --workers bound the load)")
 	fs.IntVar(&c.burst, "kube-api-burst", 0, "client-side burst when --kube-api-qps is set (default 2 x qps)")
 	fs.IntVar(&c.workers, "workers", 16, "concurrent reconciles")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.BoolVar(&c.dryRun, "dry-run", false, "compute and log every intended write; write nothing")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "compute and log every intended write; write nothing (rotate, revoke-previous, uninstall: say what they would do)")
 	fs.Var(&r.pullSecrets, "pull-secret", "registry Secret NAMESPACE/NAME every Ray pod lists in imagePullSecrets (repeatable)")
 	fs.StringVar(&r.autoscalerTLS, "autoscaler-tls-secret", "", "client certificate Secret NAMESPACE/NAME (tls.crt, tls.key, optional ca.crt) for Ray's autoscaler")
 	fs.StringVar(&r.apiServer, "autoscaler-api-server", "", "https://HOST[:PORT] the autoscaler uses to reach the Kubernetes API (optional)")
@@ -210,11 +216,53 @@ func parseCommand(cmd string, args []string, getenv func(string) string) (*confi
 	}
 	if cmd != "" {
 		c.leaderElect = false // a one-shot command never leads
+		c.oneShot = true
 	}
 	if err := c.validate(&r); err != nil {
 		return nil, nil, err
 	}
+	if cmd == "" {
+		if err := c.noIneffectiveFlags(fs); err != nil {
+			return nil, nil, err
+		}
+	}
 	return c, append(positional, rest...), nil
+}
+
+// noIneffectiveFlags refuses a flag of the controller given a value (other than its default) that
+// would change nothing, because what it configures is off: raysync never accepts and ignores a flag.
+// (The one-shot commands take the controller's flags as they are, so that its command line gives the
+// same answer: there the controller's own settings are accepted and say nothing about the command.)
+func (c *config) noIneffectiveFlags(fs *flag.FlagSet) error {
+	webhookOff := c.webhook.addr == ""
+	certManager := c.webhook.certDir != ""
+	podsOff := len(c.pullSecrets) == 0 && c.autoscalerTLS == nil
+	rules := map[string]struct {
+		off  bool
+		when string
+	}{
+		"webhook-cert-dir":               {webhookOff, "without --webhook-addr"},
+		"webhook-cert-secret":            {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-dns-names":              {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-ips":                    {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-cert-validity":          {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook-configuration":          {webhookOff || certManager, "without --webhook-addr, or with --webhook-cert-dir (cert-manager injects the caBundle)"},
+		"gateway-grace":                  {c.gateway.Table.Name == "", "without --gateway-table"},
+		"autoscaler-tls-mount-path":      {c.autoscalerTLS == nil, "without --autoscaler-tls-secret"},
+		"recycle-pending-pods":           {podsOff, "without --pull-secret or --autoscaler-tls-secret"},
+		"allow-recreate":                 {podsOff, "without --pull-secret or --autoscaler-tls-secret"},
+		"leader-election-lease-duration": {!c.leaderElect || c.dryRun, "with --leader-elect=false or --dry-run"},
+		"leader-election-renew-deadline": {!c.leaderElect || c.dryRun, "with --leader-elect=false or --dry-run"},
+		"leader-election-retry-period":   {!c.leaderElect || c.dryRun, "with --leader-elect=false or --dry-run"},
+		"kube-api-burst":                 {c.qps == 0, "without --kube-api-qps"},
+	}
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if r, ok := rules[f.Name]; ok && r.off && f.Value.String() != f.DefValue && err == nil {
+			err = fmt.Errorf("--%s=%s has no effect %s: remove it (raysync never accepts and ignores a flag)", f.Name, f.Value, r.when)
+		}
+	})
+	return err
 }
 
 func (c *config) validate(r *rawFlags) error {
@@ -350,15 +398,65 @@ func (c *config) validate(r *rawFlags) error {
 	default:
 		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: c.name + "-rotations"}
 	}
-	if t := c.gateway.Table; t.Name != "" && (t == c.rotationLedger || t == c.authSource || slices.Contains(c.pullSecrets, t) || (c.autoscalerTLS != nil && *c.autoscalerTLS == t)) {
-		return fmt.Errorf("--gateway-table %s must name a Secret of its own", t)
-	}
 	c.noPrecreate = !r.precreate
 	if err := c.webhook.parse(r, c); err != nil {
 		return err
 	}
+	if err := c.distinctRoles(); err != nil {
+		return err
+	}
+	if c.drainDelay < 0 {
+		return errors.New("--drain-delay must not be negative")
+	}
 	if !path.IsAbs(c.tlsMountPath) || path.Clean(c.tlsMountPath) != c.tlsMountPath || c.tlsMountPath == "/" || strings.Contains(c.tlsMountPath, ":") {
 		return fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
+	}
+	return nil
+}
+
+// secretRole is one Secret the flags give raysync a role for.
+type secretRole struct {
+	flag string // the flag naming it ("--pull-secret"), or what it is ("a copy of --pull-secret p/x")
+	name types.NamespacedName
+}
+
+// distinctRoles refuses two roles naming one Secret: raysync reads some (the sources) and writes the
+// others (the ledger, the table, the webhook certificate, the copies of pod sources in the watched
+// namespaces), so one Secret in two roles is erased or overwritten (the ledger naming the canonical
+// source replaced its token with rotation numbers).
+func (c *config) distinctRoles() error {
+	roles := []secretRole{{"--auth-source", c.authSource}}
+	var podSources []secretRole
+	for _, n := range c.pullSecrets {
+		podSources = append(podSources, secretRole{"--pull-secret", n})
+	}
+	if c.autoscalerTLS != nil {
+		podSources = append(podSources, secretRole{"--autoscaler-tls-secret", *c.autoscalerTLS})
+	}
+	roles = append(roles, podSources...)
+	roles = append(roles, secretRole{"--rotation-ledger", c.rotationLedger})
+	if c.gateway.Table.Name != "" {
+		roles = append(roles, secretRole{"--gateway-table", c.gateway.Table})
+	}
+	if c.webhook.certSecret.Name != "" {
+		roles = append(roles, secretRole{"--webhook-cert-secret", c.webhook.certSecret})
+	}
+	for i, a := range roles {
+		for _, b := range roles[:i] {
+			if a.name == b.name {
+				return fmt.Errorf("%s %s is also %s: each role needs a Secret of its own (raysync would overwrite it)", a.flag, a.name, b.flag)
+			}
+		}
+	}
+	// A pod source is copied, under its name, into every watched namespace but its own.
+	watched := func(ns string) bool { return c.allNamespaces || slices.Contains(c.namespaces, ns) }
+	for _, src := range podSources {
+		for _, other := range roles {
+			if other.name.Name == src.name.Name && other.name.Namespace != src.name.Namespace && watched(other.name.Namespace) {
+				return fmt.Errorf("%s %s is copied as %s into the watched namespace %s, where it is %s: each role needs a Secret of its own (raysync would overwrite it)",
+					src.flag, src.name, src.name.Name, other.name.Namespace, other.flag)
+			}
+		}
 	}
 	return nil
 }
@@ -469,7 +567,12 @@ func (c *config) projection() projection.Config {
 	return pc
 }
 
-// informer is what raysync watches: the namespaces, and every source by name.
+// informer is what raysync watches: the namespaces, every source, the ledger and (the controller) the
+// gateway's table by name.
 func (c *config) informer() informer.Config {
-	return informer.Config{Namespaces: c.namespaces, Sources: c.projection().Watched(), GatewayAddresses: c.gateway.Service != ""}
+	w := c.projection().Watches(c.namespaces)
+	if c.oneShot {
+		w.Table = types.NamespacedName{} // reports read no cluster token: the table is the controller's to keep
+	}
+	return w
 }

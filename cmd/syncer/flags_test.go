@@ -91,6 +91,40 @@ func TestParseFlags(t *testing.T) {
 		"http api server refused":        {args: append(base, "--autoscaler-tls-secret=a/t", "--autoscaler-api-server=http://proxy"), wantErr: "https"},
 		"relative mount path":            {args: append(base, "--autoscaler-tls-mount-path=etc/tls"), wantErr: "clean absolute path"},
 		"positional argument":            {args: append(base, "extra"), wantErr: `unexpected argument "extra"`},
+		"negative drain delay":           {args: append(base, "--drain-delay=-1s"), wantErr: "--drain-delay must not be negative"},
+		// Two roles naming one Secret: raysync would overwrite (or erase) one with the other.
+		"ledger names the source": {args: append(base, "--rotation-ledger=raysync/ray-token"),
+			wantErr: "--rotation-ledger raysync/ray-token is also --auth-source: each role needs a Secret of its own"},
+		"ledger names a pull secret":            {args: append(base, "--pull-secret=p/regcred", "--rotation-ledger=p/regcred"), wantErr: "is also --pull-secret"},
+		"ledger names the TLS secret":           {args: append(base, "--autoscaler-tls-secret=p/tls", "--rotation-ledger=p/tls"), wantErr: "is also --autoscaler-tls-secret"},
+		"a pull secret is the source":           {args: append(base, "--pull-secret=raysync/ray-token"), wantErr: "--pull-secret raysync/ray-token is also --auth-source"},
+		"the table is the ledger":               {args: append(base, "--gateway-table=raysync/book", "--rotation-ledger=raysync/book"), wantErr: "--gateway-table raysync/book is also --rotation-ledger"},
+		"the table is the source":               {args: append(base, "--gateway-table=raysync/ray-token"), wantErr: "is also --auth-source"},
+		"the webhook certificate is the source": {args: append(base, "--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--webhook-cert-secret=raysync/ray-token"), wantErr: "--webhook-cert-secret raysync/ray-token is also --auth-source"},
+		"the webhook certificate is the table":  {args: append(base, "--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--gateway-table=raysync/x", "--webhook-cert-secret=raysync/x"), wantErr: "is also --gateway-table"},
+		"the webhook certificate is the ledger (defaults)": {args: []string{"--auth-source=a/b", "--all-namespaces", "--leader-election-namespace=sys",
+			"--webhook-addr=:9443", "--webhook-ips=127.0.0.1", "--webhook-cert-secret=sys/raysync-rotations"}, wantErr: "is also --rotation-ledger"},
+		"a pull secret's copy would be the ledger": {args: append(base, "--pull-secret=p/book", "--rotation-ledger=ml/book"),
+			wantErr: "--pull-secret p/book is copied as book into the watched namespace ml, where it is --rotation-ledger"},
+		"a copy outside the watched namespaces is no copy": {args: []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--leader-elect=false", "--pull-secret=p/book", "--rotation-ledger=other/book"},
+			check: func(t *testing.T, c *config) {}},
+		// A flag given a value that changes nothing (what it configures is off) is refused, never ignored.
+		"a certificate Secret with cert-manager's certificate": {args: append(base, "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-cert-secret=raysync/ray-token"),
+			wantErr: "--webhook-cert-secret=raysync/ray-token has no effect without --webhook-addr, or with --webhook-cert-dir"},
+		"webhook names without a webhook":      {args: append(base, "--webhook-dns-names=a.b"), wantErr: "--webhook-dns-names=a.b has no effect"},
+		"a certificate directory alone":        {args: append(base, "--webhook-cert-dir=/tls"), wantErr: "--webhook-cert-dir=/tls has no effect without --webhook-addr"},
+		"a grace without a gateway":            {args: append(base, "--gateway-grace=1h"), wantErr: "--gateway-grace=1h0m0s has no effect without --gateway-table"},
+		"a mount path without a certificate":   {args: append(base, "--autoscaler-tls-mount-path=/tls"), wantErr: "has no effect without --autoscaler-tls-secret"},
+		"recycling off without pod sources":    {args: append(base, "--recycle-pending-pods=false"), wantErr: "--recycle-pending-pods=false has no effect"},
+		"lease timing without leader election": {args: append(base, "--leader-election-lease-duration=30s"), wantErr: "with --leader-elect=false or --dry-run"},
+		"a burst without a rate":               {args: append(base, "--kube-api-burst=10"), wantErr: "--kube-api-burst=10 has no effect without --kube-api-qps"},
+		"defaults given explicitly change nothing: accepted": {args: append(base, "--recycle-pending-pods=true", "--allow-recreate=false", "--kube-api-burst=0",
+			"--autoscaler-tls-mount-path=/etc/raysync/autoscaler-tls", "--leader-election-retry-period=2s", "--gateway-grace=24h"), check: func(t *testing.T, c *config) {}},
+		"the one-shot commands take the controller's flags as they are": {args: base, check: func(t *testing.T, c *config) {
+			if _, _, err := parseCommand(statusCommand, append(base, "--leader-election-lease-duration=30s", "--webhook-dns-names=a.b"), func(string) string { return "" }); err != nil {
+				t.Error(err)
+			}
+		}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

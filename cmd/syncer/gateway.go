@@ -183,9 +183,11 @@ func serveGateway(ctx context.Context, cfg *gatewayConfig, log *zap.Logger) erro
 
 	var draining atomic.Bool
 	ready := func() bool { return inf.HasSynced() && gw.Ready() && !draining.Load() }
-	if err := serve(ctx, log, cfg.metricsAddr, "/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})); err != nil {
+	stopMetrics, err := serve(log, cfg.metricsAddr, "/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	if err != nil {
 		return err
 	}
+	defer stopMetrics()
 	probes := http.NewServeMux()
 	probes.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	probes.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -195,9 +197,11 @@ func serveGateway(ctx context.Context, cfg *gatewayConfig, log *zap.Logger) erro
 		}
 		_, _ = io.WriteString(w, "ok")
 	})
-	if err := serve(ctx, log, cfg.probeAddr, "/", probes); err != nil {
+	stopProbes, err := serve(log, cfg.probeAddr, "/", probes)
+	if err != nil {
 		return err
 	}
+	defer stopProbes()
 	dash := &http.Server{Handler: gw.Dashboard(), ReadHeaderTimeout: 10 * time.Second}
 	client := &http.Server{Handler: gw.Client(), ReadHeaderTimeout: 10 * time.Second}
 	client.Protocols = new(http.Protocols)

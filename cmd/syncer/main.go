@@ -36,6 +36,7 @@ import (
 
 	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/projection"
 )
 
@@ -112,6 +113,9 @@ func restConfig(cfg *config) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	rc.UserAgent = "raysync"
+	if cfg.dryRun {
+		rc.Wrap(func(next http.RoundTripper) http.RoundTripper { return readOnlyTransport{next: next} })
+	}
 	if cfg.qps == 0 {
 		rc.QPS = -1 // no client-side throttle: APF on the server and --workers bound the load
 	} else {
@@ -122,6 +126,30 @@ func restConfig(cfg *config) (*rest.Config, error) {
 		}
 	}
 	return rc, nil
+}
+
+// readOnlyTransport carries a --dry-run's API calls: a request that could change anything is refused
+// before it leaves the process, so no code path of a dry run can write.
+type readOnlyTransport struct{ next http.RoundTripper }
+
+func (t readOnlyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return t.next.RoundTrip(r)
+	}
+	if r.Body != nil {
+		_ = r.Body.Close()
+	}
+	return nil, fmt.Errorf("--dry-run: refused %s %s (a dry run writes nothing)", r.Method, r.URL.Path)
+}
+
+// kubeClient is the typed client the one-shot commands use.
+func kubeClient(cfg *config) (kubernetes.Interface, error) {
+	rc, err := restConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(rc)
 }
 
 func run(ctx context.Context, cfg *config, log *zap.Logger) error {
@@ -163,9 +191,11 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 
 	var elector *leaderelection.LeaderElector
 	healthz := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
-	if err := serve(ctx, log, cfg.metricsAddr, "/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})); err != nil {
+	stopMetrics, err := serve(log, cfg.metricsAddr, "/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	if err != nil {
 		return err
 	}
+	defer stopMetrics()
 	webhookReady, err := startWebhook(ctx, cfg, kube, ctrl, m, log)
 	if err != nil {
 		return err
@@ -179,6 +209,10 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		_, _ = w.Write([]byte("ok"))
 	})
 	probes.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if ctx.Err() != nil {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
 		if !caches.HasSynced() {
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
 			return
@@ -196,9 +230,26 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		}
 		_, _ = w.Write([]byte("ok"))
 	})
-	if err := serve(ctx, log, cfg.probeAddr, "/", probes); err != nil {
+	stopProbes, err := serve(log, cfg.probeAddr, "/", probes)
+	if err != nil {
 		return err
 	}
+	defer stopProbes()
+	// On SIGTERM: /readyz says 503 at once (endpoints drop this replica; the webhook keeps answering
+	// meanwhile), the work stops and the Lease is released; the process, its probes and its metrics
+	// last until the drain delay is over.
+	drained := make(chan struct{})
+	go func() {
+		<-ctx.Done()
+		log.Info("draining", zap.Duration("delay", cfg.drainDelay))
+		time.Sleep(cfg.drainDelay)
+		close(drained)
+	}()
+	defer func() {
+		if ctx.Err() != nil {
+			<-drained
+		}
+	}()
 
 	log.Info("starting raysync", zap.String("source", cfg.authSource.String()), zap.String("scope", cfg.informer().String()),
 		zap.String("clusterSelector", cfg.clusterSelector),
@@ -211,7 +262,7 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		}
 	}()
 
-	if !cfg.leaderElect {
+	if !cfg.leaderElect || cfg.dryRun { // a dry run takes no Lease: it writes nothing, and keeps no one from leading
 		m.Leader.Set(1)
 		leading.Store(true)
 		return ctrl.Run(ctx, cfg.workers)
@@ -222,6 +273,8 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		LeaseMeta:  metav1ObjectMeta(cfg.name, cfg.leaderElectionNS),
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+		// raysync's mark: `syncer uninstall` deletes only a Lease that is raysync's
+		Labels: map[string]string{names.ManagedByLabel: names.ManagedByValue},
 	}
 	lost := make(chan struct{})
 	elector, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
@@ -274,14 +327,17 @@ func eventRecorder(kube kubernetes.Interface, dryRun bool, log *zap.Logger) (rec
 	})
 }
 
-// serve runs an HTTP server on addr until ctx ends; "0" or "" disables it.
-func serve(ctx context.Context, log *zap.Logger, addr, pattern string, h http.Handler) error {
+// serve runs an HTTP server on addr ("0" or "": none) for the life of the process, not of its signal
+// context: the probe and metrics servers keep answering through a drain (readiness 503, liveness 200,
+// metrics scrapeable to the end). The returned stop, called as the process exits, stops accepting and
+// lets requests in flight finish (at most 5 s).
+func serve(log *zap.Logger, addr, pattern string, h http.Handler) (stop func(), err error) {
 	if addr == "0" || addr == "" {
-		return nil
+		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", addr, err)
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle(pattern, h)
@@ -291,12 +347,10 @@ func serve(ctx context.Context, log *zap.Logger, addr, pattern string, h http.Ha
 			log.Error("server stopped", zap.String("addr", addr), zap.Error(err))
 		}
 	}()
-	go func() {
-		<-ctx.Done()
+	log.Info("serving", zap.String("addr", ln.Addr().String()), zap.String("path", pattern))
+	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
-	}()
-	log.Info("serving", zap.String("addr", ln.Addr().String()), zap.String("path", pattern))
-	return nil
+	}, nil
 }

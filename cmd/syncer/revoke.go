@@ -30,7 +30,8 @@ func runRevoke(args []string, stdout, stderr io.Writer) int {
 Makes the gateway refuse the previous canonical token at once (it is otherwise accepted for
 --gateway-grace after a rotation). Clients still presenting it get 403 / UNAUTHENTICATED; check
 raysync_gateway_previous_token_last_used_timestamp_seconds first. It takes the syncer's own flags
-(-n and --name find the rotation ledger). Exit 0 revoked, 1 nothing to revoke, 2 error.
+(-n and --name find the rotation ledger); --dry-run says what it would do and changes nothing. Exit 0
+revoked (or would be), 1 nothing to revoke, 2 error.
 
 `)
 		return 0
@@ -42,25 +43,32 @@ raysync_gateway_previous_token_last_used_timestamp_seconds first. It takes the s
 		fmt.Fprintln(stderr, "syncer revoke-previous:", firstLine(err.Error()))
 		return statusError
 	}
-	rc, err := restConfig(cfg)
-	if err != nil {
-		fmt.Fprintln(stderr, "syncer revoke-previous:", err)
-		return statusError
-	}
-	kube, err := kubernetes.NewForConfig(rc)
+	kube, err := kubeClient(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "syncer revoke-previous:", err)
 		return statusError
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	return revokePrevious(ctx, cfg, kube, stdout, stderr)
+}
+
+// revokePrevious marks the ledger: the gateway no longer accepts the previous rotation's token. It
+// writes only raysync's own ledger, read as one (a Secret under that name that is not raysync's, or a
+// ledger it cannot read, is an error: exit 2), with the resourceVersion it read; with --dry-run it
+// says what it would do and writes nothing.
+func revokePrevious(ctx context.Context, cfg *config, kube kubernetes.Interface, stdout, stderr io.Writer) int {
 	n := cfg.rotationLedger
 	s, err := kube.CoreV1().Secrets(n.Namespace).Get(ctx, n.Name, metav1.GetOptions{})
 	if err != nil {
 		fmt.Fprintf(stderr, "syncer revoke-previous: rotation ledger %s: %v\n", n, err)
 		return statusError
 	}
-	l := ledger.Read(s)
+	l, err := ledger.Read(s)
+	if err != nil {
+		fmt.Fprintf(stderr, "syncer revoke-previous: %v: left as it is\n", err)
+		return statusError
+	}
 	prev, ok := l.Previous()
 	if !ok {
 		fmt.Fprintln(stdout, "no previous token: raysync has numbered one rotation so far")
@@ -71,6 +79,11 @@ raysync_gateway_previous_token_last_used_timestamp_seconds first. It takes the s
 		fmt.Fprintf(stdout, "the token of rotation %d is already revoked\n", prev.ID)
 		return 0
 	}
+	if cfg.dryRun {
+		fmt.Fprintf(stdout, "would revoke the token of rotation %d: the gateway would accept only rotation %s's (and a pending one) (dry run: nothing changed)\n", prev.ID, cur)
+		return 0
+	}
+	s = s.DeepCopy()
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}

@@ -135,6 +135,22 @@ func rotate(cfg *config, targets []string, stdout io.Writer) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	rc, err := restConfig(cfg)
+	if err != nil {
+		return 0, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return requestRotations(ctx, cfg, report, targets, dyn, stdout)
+}
+
+// requestRotations decides from report, says what it will do to each target, and marks the clusters
+// it moves (with --dry-run it says what it would do and marks nothing).
+func requestRotations(ctx context.Context, cfg *config, report *statusReport, targets []string, dyn dynamic.Interface, stdout io.Writer) (int, error) {
 	var decisions []rotateDecision
 	refused := 0
 	if cfg.all {
@@ -171,24 +187,22 @@ func rotate(cfg *config, targets []string, stdout io.Writer) (int, error) {
 			}
 		}
 	}
+	will := "will be"
+	if cfg.dryRun {
+		will = "would be"
+	}
 	for _, d := range decisions {
-		fmt.Fprintf(stdout, "%s: will be %s: %s\n", d.cluster, d.action, d.why)
+		fmt.Fprintf(stdout, "%s: %s %s: %s\n", d.cluster, will, d.action, d.why)
 	}
 	if len(decisions) == 0 {
 		return refused, nil
 	}
-	rc, err := restConfig(cfg)
-	if err != nil {
-		return refused, err
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return refused, err
+	if cfg.dryRun {
+		fmt.Fprintln(stdout, "(dry run: nothing marked)")
+		return refused, nil
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
 		names.RotateAnnotation: time.Now().UTC().Format(time.RFC3339)}}})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	for _, d := range decisions {
 		if _, err := dyn.Resource(kuberay.RayClusterGVR).Namespace(d.cluster.Namespace).Patch(ctx, d.cluster.Name, types.MergePatchType, patch,
 			metav1.PatchOptions{FieldManager: "raysync-rotate"}); err != nil {
@@ -212,7 +226,8 @@ do to each before it marks anything. A target that is not behind (or is already 
 cannot move) is refused with the reason: nothing is marked for it, and the exit code is 1 (0: every target
 requested; 2: error). raysync paces requests with the rest of the wave (--max-concurrent-rotations) and
 never touches a RayJob's cluster while its job runs; each request moves a cluster once ("syncer status"
-shows the progress). It takes the syncer's own flags, as "syncer status" does.
+shows the progress). With --dry-run it says what it would do and marks nothing. It takes the syncer's own
+flags, as "syncer status" does.
 
 `)
 	fs := flagSet(rotateCommand, &config{}, &rawFlags{}, os.Getenv)

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,6 +82,11 @@ func uninstall(cfg *config, stdout io.Writer) (left int, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	return uninstallWith(ctx, cfg, kube, dyn, stdout)
+}
+
+// uninstallWith is uninstall with its clients. It writes only with --yes and without --dry-run.
+func uninstallWith(ctx context.Context, cfg *config, kube kubernetes.Interface, dyn dynamic.Interface, stdout io.Writer) (left int, err error) {
 	ns := cfg.leaderElectionNS
 	if ns == "" {
 		ns = cfg.authSource.Namespace
@@ -103,13 +110,15 @@ func uninstall(cfg *config, stdout io.Writer) (left int, err error) {
 		}
 		steps, kept = append(steps, s...), append(kept, k...)
 	}
-	steps = append(steps, ownSteps(ctx, kube, cfg, ns)...)
+	own, ownKept := ownSteps(ctx, kube, cfg, ns)
+	steps, kept = append(steps, own...), append(kept, ownKept...)
+	act := cfg.yes && !cfg.dryRun
 	verb := "would "
-	if cfg.yes {
+	if act {
 		verb = ""
 	}
 	for _, s := range steps {
-		if cfg.yes {
+		if act {
 			if err := s.do(ctx); err != nil && !apierrors.IsNotFound(err) {
 				return 0, fmt.Errorf("%s: %w", s.what, err)
 			}
@@ -122,9 +131,11 @@ func uninstall(cfg *config, stdout io.Writer) (left int, err error) {
 	if len(steps) == 0 && len(kept) == 0 {
 		fmt.Fprintln(stdout, "nothing of raysync's is left")
 	}
-	if !cfg.yes && len(steps) > 0 {
+	switch {
+	case cfg.dryRun && len(steps) > 0:
+		fmt.Fprintln(stdout, "(dry run: nothing changed; run again with --yes and without --dry-run to do it)")
+	case !act && len(steps) > 0:
 		fmt.Fprintln(stdout, "(dry run: run again with --yes to do it)")
-		return len(kept), nil
 	}
 	return len(kept), nil
 }
@@ -268,9 +279,9 @@ func annotationStep(dyn dynamic.Interface, gvr schema.GroupVersionResource, obj 
 }
 
 // ownSteps deletes raysync's own objects in its namespace: the rotation ledger, the webhook's
-// certificate Secret (only when raysync's mark says it is raysync's) and the Lease.
-func ownSteps(ctx context.Context, kube kubernetes.Interface, cfg *config, ns string) []uninstallStep {
-	var steps []uninstallStep
+// certificate Secret, the gateway's table and the Lease, each only when it is raysync's, with its UID
+// and resourceVersion as preconditions. kept says why a Lease of raysync's name is not deleted.
+func ownSteps(ctx context.Context, kube kubernetes.Interface, cfg *config, ns string) (steps []uninstallStep, kept []string) {
 	secret := func(n types.NamespacedName, what string, ours func(*corev1.Secret) bool) {
 		s, err := kube.CoreV1().Secrets(n.Namespace).Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil || !ours(s) {
@@ -298,12 +309,33 @@ func ownSteps(ctx context.Context, kube kubernetes.Interface, cfg *config, ns st
 	secret(table, "raysync's gateway table", func(s *corev1.Secret) bool {
 		return s.Labels[names.ManagedByLabel] == names.ManagedByValue && s.Annotations[names.KindAnnotation] == names.KindGatewayTable
 	})
-	if _, err := kube.CoordinationV1().Leases(ns).Get(ctx, cfg.name, metav1.GetOptions{}); err == nil {
-		steps = append(steps, uninstallStep{what: fmt.Sprintf("delete Lease %s/%s (raysync's leader election)", ns, cfg.name), do: func(ctx context.Context) error {
-			return kube.CoordinationV1().Leases(ns).Delete(ctx, cfg.name, metav1.DeleteOptions{})
-		}})
+	if lease, err := kube.CoordinationV1().Leases(ns).Get(ctx, cfg.name, metav1.GetOptions{}); err == nil {
+		if why := notRaysyncsLease(lease); why != "" {
+			kept = append(kept, fmt.Sprintf("Lease %s/%s: %s", ns, cfg.name, why))
+		} else {
+			uid, rv := lease.UID, lease.ResourceVersion
+			steps = append(steps, uninstallStep{what: fmt.Sprintf("delete Lease %s/%s (raysync's leader election)", ns, cfg.name), do: func(ctx context.Context) error {
+				return kube.CoordinationV1().Leases(ns).Delete(ctx, cfg.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			}})
+		}
 	}
-	return steps
+	return steps, kept
+}
+
+// raysyncIdentity is how raysync names a Lease holder: its hostname, "_", a UUID.
+var raysyncIdentity = regexp.MustCompile(`^[^_\s]+_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// notRaysyncsLease says why a Lease of raysync's name is not raysync's ("": it is): raysync marks
+// its Lease (label raysync.dev/managed-by); one from an earlier raysync is known by its holder's
+// identity (hostname_UUID; a released Lease has none and is kept).
+func notRaysyncsLease(l *coordinationv1.Lease) string {
+	if l.Labels[names.ManagedByLabel] == names.ManagedByValue {
+		return ""
+	}
+	if h := l.Spec.HolderIdentity; h != nil && raysyncIdentity.MatchString(*h) {
+		return ""
+	}
+	return fmt.Sprintf("not marked as raysync's (label %s=%s) and its holder is not a raysync replica: left as it is", names.ManagedByLabel, names.ManagedByValue)
 }
 
 func uninstallUsage(w io.Writer) {
@@ -314,8 +346,9 @@ resumes the RayClusters raysync suspended to restart them, removes raysync's ann
 RayClusters and RayServices (not the RayService template's raysync.dev/rotation-id: removing it would
 start one more blue-green upgrade), deletes raysync's copies no RayCluster names (one that is still named
 is kept, with the reason) and raysync's own objects: the rotation ledger, the webhook's certificate
-Secret and the Lease. It never touches a Secret raysync does not mark as its own. Exit 0 done or nothing
-to do, 1 something left (raysync still running, a copy still named), 2 error.
+Secret, the gateway's table and the Lease. It never touches a Secret or Lease raysync does not mark as its
+own. --dry-run lists, even with --yes. Exit 0 done or nothing to do, 1 something left (raysync still
+running, a copy still named, a Lease not raysync's), 2 error.
 
 `)
 	fs := flagSet(uninstallCommand, &config{}, &rawFlags{}, os.Getenv)

@@ -52,6 +52,7 @@ func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, c
 	}()
 	go func() {
 		<-ctx.Done()
+		time.Sleep(cfg.drainDelay) // endpoints drop this replica meanwhile: keep answering the API server
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -191,8 +192,8 @@ func (m *CertManager) renewalReason(s *corev1.Secret, trusted bool) string {
 	if _, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
 		return "the serving certificate and key do not match"
 	}
-	if !slices.Equal(leaf.DNSNames, m.DNSNames) || !slices.EqualFunc(leaf.IPAddresses, m.IPs, func(a, b net.IP) bool { return a.Equal(b) }) {
-		return "the serving certificate is for other names"
+	if !m.covers(leaf) {
+		return "the serving certificate is not for every name and address of this replica"
 	}
 	life := leaf.NotAfter.Sub(leaf.NotBefore)
 	if m.now().After(leaf.NotAfter.Add(-life / 3)) {
@@ -263,7 +264,26 @@ func (m *CertManager) servesStill(s *corev1.Secret) bool {
 	for _, ca := range certs(s.Data[caCertKey]) {
 		signed = signed || leaf.CheckSignatureFrom(ca) == nil
 	}
-	return signed && slices.Equal(leaf.DNSNames, m.DNSNames)
+	return signed && m.covers(leaf)
+}
+
+// covers reports whether leaf is for every DNS name and IP address this replica serves as, in any
+// order (replicas configured alike may list them in another order; DNS names are case-insensitive).
+// A certificate for more names serves too: mid-rollout, replicas with the old and the new names do not
+// re-issue each other's certificate back and forth (the new names are issued once; a dropped name
+// leaves at the next renewal).
+func (m *CertManager) covers(leaf *x509.Certificate) bool {
+	for _, d := range m.DNSNames {
+		if !slices.ContainsFunc(leaf.DNSNames, func(n string) bool { return strings.EqualFold(n, d) }) {
+			return false
+		}
+	}
+	for _, ip := range m.IPs {
+		if !slices.ContainsFunc(leaf.IPAddresses, ip.Equal) {
+			return false
+		}
+	}
+	return true
 }
 
 // notAdoptable says why a Secret without raysync's mark is not one an earlier raysync wrote ("": it

@@ -12,10 +12,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -248,5 +250,46 @@ func countCerts(bundle []byte) int {
 		if block, rest = pem.Decode(rest); block == nil {
 			return n
 		}
+	}
+}
+
+// TestReplicasAgreeOnTheNamesOfTheCertificate: replicas configured with the same DNS names and IPs in
+// another order, or (mid-rollout) with fewer, serve each other's certificate instead of re-issuing it
+// back and forth; a certificate lacking a replica's IP address is re-issued.
+func TestReplicasAgreeOnTheNamesOfTheCertificate(t *testing.T) {
+	w := newCertWorld(t)
+	a := w.replica()
+	a.DNSNames = []string{"raysync-webhook.raysync.svc", "raysync-webhook.raysync.svc.cluster.local"}
+	a.IPs = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
+	w.sync(a)
+	issued := w.secret().Data[corev1.TLSCertKey]
+	same := func(what string, m *CertManager) {
+		t.Helper()
+		w.sync(m)
+		if !bytes.Equal(w.secret().Data[corev1.TLSCertKey], issued) {
+			t.Errorf("%s re-issued the certificate", what)
+			issued = w.secret().Data[corev1.TLSCertKey]
+		}
+	}
+	b := w.replica()
+	b.DNSNames = []string{"RAYSYNC-WEBHOOK.raysync.svc.cluster.local", "raysync-webhook.raysync.svc"}
+	b.IPs = []net.IP{net.ParseIP("::1"), net.ParseIP("127.0.0.1").To4()}
+	same("a replica listing the names and IPs in another order", b)
+	old := w.replica() // the previous release: one name, no IP
+	same("a replica needing fewer names", old)
+	same("the first replica again", a)
+	c := w.replica()
+	c.DNSNames = a.DNSNames
+	c.IPs = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("198.18.0.9")}
+	w.sync(c)
+	leaf, err := parseCert(w.secret().Data[corev1.TLSCertKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(leaf.IPAddresses, net.ParseIP("198.18.0.9").Equal) {
+		t.Errorf("a replica needing another IP address serves a certificate without it: %v", leaf.IPAddresses)
+	}
+	if reason := c.renewalReason(w.secret(), true); reason != "" {
+		t.Errorf("after it re-issued: %q", reason)
 	}
 }

@@ -34,7 +34,11 @@ func (c *Caches) AddEventHandlers(enqueue func(Key)) error {
 		}
 	}
 	for src, inf := range c.sources {
-		if _, err := inf.AddEventHandler(h.source(src)); err != nil {
+		handler := h.source(src, src == c.cfg.Ledger)
+		if src == c.cfg.Table {
+			handler = h.table // the flags give it a Secret of its own
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
 		}
 	}
@@ -48,7 +52,10 @@ type handlers struct {
 	owner          cache.ResourceEventHandler
 	secretName     cache.ResourceEventHandler
 	address        cache.ResourceEventHandler
-	source         func(types.NamespacedName) cache.ResourceEventHandler
+	// source handles a Secret watched by name; marksMatter: its labels and annotations are decided on
+	// too (the ledger: the revocation of the previous token, whether it is raysync's).
+	source func(src types.NamespacedName, marksMatter bool) cache.ResourceEventHandler
+	table  cache.ResourceEventHandler
 }
 
 // waveKey: the fleet's rotation decision. Every change a rotation can depend on enqueues it; the
@@ -128,7 +135,10 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 			enqueue(Key{Kind: NamespaceKey, Namespace: m.GetNamespace()})
 			enqueue(waveKey) // a copy can be a token target: the gateway's table reads it
 		}),
-		source: func(src types.NamespacedName) cache.ResourceEventHandler {
+		// The gateway's table changed (raysync's own write, or someone deleting or editing it): the wave
+		// plans it again and puts it back when it is not what it should be.
+		table: onChange(func(any) { enqueue(waveKey) }),
+		source: func(src types.NamespacedName, marksMatter bool) cache.ResourceEventHandler {
 			srcKey := Key{Kind: SourceKey, Namespace: src.Namespace, Name: src.Name}
 			everything := func() {
 				c.sourceChangedAt.Store(src, time.Now())
@@ -144,10 +154,14 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 					o, ok1 := old.(*corev1.Secret)
 					n, ok2 := cur.(*corev1.Secret)
 					if ok1 && ok2 && sameContent(o, n) {
-						// Labels, annotations, resyncs: no target depends on them. Re-validate the
-						// source (cheap) so its metrics follow the object, but fan out to no cluster.
+						// Labels, annotations, resyncs: no target depends on a source's. Re-validate it
+						// (cheap) so its metrics follow the object, but fan out to no cluster. The
+						// ledger's marks say what the gateway accepts and whether raysync may write it.
 						if o.ResourceVersion != n.ResourceVersion {
 							enqueue(srcKey)
+							if marksMatter {
+								enqueue(waveKey)
+							}
 						}
 						return
 					}

@@ -13,6 +13,7 @@ package informer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,9 +79,16 @@ func (k Key) String() string {
 type Config struct {
 	// Namespaces to watch; empty means all namespaces.
 	Namespaces []string
-	// Sources are the Secrets watched by name (the canonical sources, the rotation ledger; each gets
-	// an informer of its own).
+	// Sources are the canonical sources, watched by name (each gets an informer of its own): a change
+	// of their content concerns every cluster.
 	Sources []types.NamespacedName
+	// Ledger is raysync's rotation ledger (none when Name is ""), watched by name: its content concerns
+	// every cluster as a source's does, and its marks (the revocation of the previous token, whether it
+	// is raysync's) the wave, which publishes the gateway's table.
+	Ledger types.NamespacedName
+	// Table is the gateway's table raysync publishes (none when Name is ""), watched by name: any
+	// change of it (deleted, edited) has the wave decide it again from what it should hold.
+	Table types.NamespacedName
 	// GatewayAddresses: watch Services too (the gateway's <name>-gw addresses raysync keeps).
 	GatewayAddresses bool
 }
@@ -99,8 +107,9 @@ type scope struct {
 
 // Caches are raysync's read path: every worker reads from here, never from the API server.
 type Caches struct {
-	cfg     Config
-	scopes  map[string]*scope
+	cfg    Config
+	scopes map[string]*scope
+	// sources are the Secrets watched by name: the canonical sources, the ledger and the table.
 	sources map[types.NamespacedName]cache.SharedIndexInformer
 	// sourceNames are the names of the sources (a pod source's copies have its name).
 	sourceNames map[string]bool
@@ -147,7 +156,7 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, md metadata.Interface
 		_ = s.secretNames.SetTransform(secretMarks)
 		c.scopes[ns] = s
 	}
-	for _, src := range cfg.Sources {
+	for _, src := range cfg.byName() {
 		inf := coreinformers.NewFilteredSecretInformer(kube, src.Namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", src.Name).String()
 		})
@@ -155,6 +164,17 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, md metadata.Interface
 		c.sources[src] = inf
 	}
 	return c
+}
+
+// byName lists every Secret watched by name: the sources, the ledger, the table (each once).
+func (c Config) byName() []types.NamespacedName {
+	out := slices.Clone(c.Sources)
+	for _, n := range []types.NamespacedName{c.Ledger, c.Table} {
+		if n.Name != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func (c *Caches) all() []cache.SharedIndexInformer {
@@ -309,7 +329,7 @@ func (c *Caches) ClustersReading(ns, secret string) []*unstructured.Unstructured
 	return out
 }
 
-// Source returns the cached canonical Secret.
+// Source returns a Secret watched by name (a source, the ledger or the table) as cached.
 func (c *Caches) Source(src types.NamespacedName) (*corev1.Secret, bool) {
 	inf, ok := c.sources[src]
 	if !ok {
@@ -481,5 +501,5 @@ func (c Config) String() string {
 	if len(c.Namespaces) > 0 {
 		ns = fmt.Sprint(c.Namespaces)
 	}
-	return fmt.Sprintf("namespaces=%s sources=%v", ns, c.Sources)
+	return fmt.Sprintf("namespaces=%s sources=%v ledger=%s table=%s", ns, c.Sources, c.Ledger, c.Table)
 }

@@ -3,9 +3,11 @@ package informer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,12 +90,33 @@ func TestEventsBecomeKeys(t *testing.T) {
 		{"source annotation-only change: source only", func() {
 			a, b := secret("1", "x", nil), secret("2", "x", nil)
 			b.Annotations = map[string]string{"touched": "yes"}
-			h.source(src).OnUpdate(a, b)
+			h.source(src, false).OnUpdate(a, b)
 		}, []Key{srcKey}},
-		{"source resync: nothing", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("1", "x", nil)) }, nil},
-		{"source rotation: source, every cluster, the wave", func() { h.source(src).OnUpdate(secret("1", "x", nil), secret("2", "y", nil)) },
+		{"source resync: nothing", func() { h.source(src, false).OnUpdate(secret("1", "x", nil), secret("1", "x", nil)) }, nil},
+		{"source rotation: source, every cluster, the wave", func() { h.source(src, false).OnUpdate(secret("1", "x", nil), secret("2", "y", nil)) },
 			[]Key{srcKey, c1, c2, c3, wave}},
-		{"source deleted: source, every cluster, the wave", func() { h.source(src).OnDelete(secret("2", "y", nil)) }, []Key{srcKey, c1, c2, c3, wave}},
+		{"source deleted: source, every cluster, the wave", func() { h.source(src, false).OnDelete(secret("2", "y", nil)) }, []Key{srcKey, c1, c2, c3, wave}},
+		// The ledger's marks are decided on: `syncer revoke-previous` is an annotation, and the gateway
+		// must refuse the previous token at once; its labels say whether raysync may write it.
+		{"ledger annotation-only change (revoke-previous): the ledger's key and the wave", func() {
+			a, b := secret("1", "x", nil), secret("2", "x", nil)
+			b.Annotations = map[string]string{"raysync.dev/previous-revoked": "7"}
+			h.source(src, true).OnUpdate(a, b)
+		}, []Key{srcKey, wave}},
+		{"ledger label-only change: the ledger's key and the wave", func() {
+			h.source(src, true).OnUpdate(secret("1", "x", nil), secret("2", "x", map[string]string{"raysync.dev/managed-by": "raysync"}))
+		}, []Key{srcKey, wave}},
+		{"ledger resync: nothing", func() { h.source(src, true).OnUpdate(secret("1", "x", nil), secret("1", "x", nil)) }, nil},
+		{"ledger content change: as a source's", func() { h.source(src, true).OnUpdate(secret("1", "x", nil), secret("2", "y", nil)) },
+			[]Key{srcKey, c1, c2, c3, wave}},
+		// The gateway's table: deleted, edited or only relabelled, the wave decides it again.
+		{"table deleted: the wave", func() { h.table.OnDelete(secret("2", "y", nil)) }, []Key{wave}},
+		{"table annotation-only change: the wave", func() {
+			b := secret("2", "y", nil)
+			b.Annotations = map[string]string{"raysync.dev/kind": "something-else"}
+			h.table.OnUpdate(secret("1", "y", nil), b)
+		}, []Key{wave}},
+		{"table resync: nothing", func() { h.table.OnUpdate(secret("1", "y", nil), secret("1", "y", nil)) }, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -146,4 +169,57 @@ func TestHandlerHelpers(t *testing.T) {
 	if len(out.(*corev1.Secret).ManagedFields) != 0 {
 		t.Error("managedFields kept")
 	}
+}
+
+// TestRaysyncsOwnSecretsAreWatched: the ledger and the gateway's table are watched by name and wired
+// to their handlers: a revocation (an annotation) of the ledger and a deleted table reach the wave.
+func TestRaysyncsOwnSecretsAreWatched(t *testing.T) {
+	src := types.NamespacedName{Namespace: "sys", Name: "token"}
+	ledger := types.NamespacedName{Namespace: "sys", Name: "raysync-rotations"}
+	table := types.NamespacedName{Namespace: "sys", Name: "raysync-gateway"}
+	mk := func(n types.NamespacedName) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Namespace: n.Namespace, ResourceVersion: "1"}, Data: map[string][]byte{"k": []byte("v")}}
+	}
+	kube := fake.NewClientset(mk(src), mk(ledger), mk(table))
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), kuberay.ListKinds)
+	c := New(kube, dyn, nil, Config{Namespaces: []string{"ray"}, Sources: []types.NamespacedName{src}, Ledger: ledger, Table: table})
+	r := &recorder{}
+	if err := c.AddEventHandlers(r.add); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.Start(ctx.Done())
+	if !c.WaitForSync(ctx.Done()) {
+		t.Fatal("no sync")
+	}
+	for _, n := range []types.NamespacedName{src, ledger, table} {
+		if _, ok := c.Source(n); !ok {
+			t.Errorf("%s is not cached", n)
+		}
+	}
+	wave := Key{Kind: WaveKey}
+	waitKey := func(what string, want Key) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if slices.Contains(r.take(), want) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Errorf("%s: no %s key", what, want)
+	}
+	r.take()
+	revoked := mk(ledger)
+	revoked.Annotations = map[string]string{"raysync.dev/previous-revoked": "2"}
+	revoked.ResourceVersion = "2" // the fake tracker keeps what it is given
+	if _, err := kube.CoreV1().Secrets("sys").Update(ctx, revoked, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitKey("the ledger annotated", wave)
+	if err := kube.CoreV1().Secrets("sys").Delete(ctx, table.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitKey("the table deleted", wave)
 }

@@ -9,6 +9,8 @@ package ledger
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -46,13 +48,41 @@ func (r Rotation) Name() string {
 // Ledger is every recent rotation, oldest first.
 type Ledger []Rotation
 
-// Read parses the ledger Secret (nil or malformed: empty, and raysync starts numbering afresh).
-func Read(s *corev1.Secret) Ledger {
-	var l Ledger
-	if s != nil {
-		_ = json.Unmarshal(s.Data[key], &l)
+// ErrNotOwned: the Secret named as the ledger does not carry raysync's marks of a rotation ledger.
+var ErrNotOwned = errors.New("not raysync's rotation ledger")
+
+// Owned reports whether s carries raysync's marks of a rotation ledger (label
+// raysync.dev/managed-by=raysync and annotation raysync.dev/kind=rotation_ledger): only such a Secret
+// is ever written as the ledger.
+func Owned(s *corev1.Secret) bool {
+	return s.Labels[names.ManagedByLabel] == names.ManagedByValue && s.Annotations[names.KindAnnotation] == names.KindRotationLedger
+}
+
+// Read parses the ledger Secret (nil: none yet, an empty ledger). A Secret that is not raysync's
+// ledger (ErrNotOwned), or whose rotations cannot be read, is an error, never an empty ledger: starting
+// afresh would overwrite it, renumber the rotations and end the previous token's grace.
+func Read(s *corev1.Secret) (Ledger, error) {
+	if s == nil {
+		return nil, nil
 	}
-	return l
+	if !Owned(s) {
+		return nil, fmt.Errorf("Secret %s/%s is %w (label %s=%s and annotation %s=%s)", s.Namespace, s.Name, ErrNotOwned,
+			names.ManagedByLabel, names.ManagedByValue, names.KindAnnotation, names.KindRotationLedger)
+	}
+	b, ok := s.Data[key]
+	if !ok {
+		return nil, fmt.Errorf("rotation ledger %s/%s holds no key %s", s.Namespace, s.Name, key)
+	}
+	var l Ledger
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("rotation ledger %s/%s: key %s is not a list of rotations: %v", s.Namespace, s.Name, key, err)
+	}
+	for i, r := range l {
+		if r.ID < 1 || r.Digest == "" || r.FirstSeen.IsZero() || (i > 0 && r.ID <= l[i-1].ID) {
+			return nil, fmt.Errorf("rotation ledger %s/%s: entry %d is not a rotation after the one before it", s.Namespace, s.Name, i+1)
+		}
+	}
+	return l, nil
 }
 
 // Current is the newest rotation, if its token is the one given.

@@ -171,6 +171,9 @@ const (
 	ReasonRotationHeld          = "RotationHeld"
 	ReasonRotationNotNeeded     = "RotationNotNeeded"
 	ReasonTokenRestored         = "TokenRestored"
+	// ReasonLedgerInvalid (on the rotation ledger Secret): raysync cannot read its ledger and leaves
+	// it as it is; it numbers no rotation until the ledger is fixed.
+	ReasonLedgerInvalid = "LedgerInvalid"
 )
 
 // TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.

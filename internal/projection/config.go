@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/raysync/raysync/internal/informer"
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
@@ -97,12 +98,19 @@ func (c Config) Sources() []types.NamespacedName {
 	return out
 }
 
-// Watched lists every single Secret raysync watches by name: the sources, then the ledger.
+// Watched lists every single Secret the decisions read by name: the sources, then the ledger.
 func (c Config) Watched() []types.NamespacedName {
 	if c.Ledger.Name == "" {
 		return c.Sources()
 	}
 	return append(c.Sources(), c.Ledger)
+}
+
+// Watches is what raysync watches for this configuration in the given namespaces (none: all): the
+// sources by name, its own ledger and gateway table by name, and the gateway addresses' Services.
+func (c Config) Watches(namespaces []string) informer.Config {
+	return informer.Config{Namespaces: namespaces, Sources: c.Sources(), Ledger: c.Ledger, Table: c.Gateway.Table,
+		GatewayAddresses: c.Gateway.Service != ""}
 }
 
 // InScope is the one predicate for "raysync manages this RayCluster": it matches the selector, is not

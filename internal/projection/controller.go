@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -17,10 +18,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
-	"github.com/raysync/raysync/internal/gateway"
 	"github.com/raysync/raysync/internal/informer"
-	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/metrics"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // Controller runs the work queue: event handlers enqueue keys, workers turn each key into
@@ -43,8 +43,8 @@ type Controller struct {
 	// expected are the replacements and restarts this process started that the caches may not show
 	// yet: they count as in flight, so a lagging cache never lets the wave exceed its bound.
 	expected *expectations
-	// table publishes the gateway's table (with the gateway on).
-	table *tablePublisher
+	// reported is the last problem reported about each of raysync's own Secrets (reportOwnSecret).
+	reported *reported
 }
 
 // waveDelay gathers the events of a busy moment into one wave decision.
@@ -70,7 +70,7 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, caches *informer.Cach
 	}
 	c.apply = &applier{kube: kube, dyn: dyn, recorder: recorder, metrics: m, log: log, memory: mem, caches: caches,
 		source: cfg.Source, dryRun: dryRun, now: func() time.Time { return c.now() }}
-	c.table = &tablePublisher{a: c.apply}
+	c.reported = &reported{last: map[string]string{}}
 	c.reporter = &Reporter{gather: c.gather, now: func() time.Time { return c.now() }}
 	for _, s := range cfg.Sources() {
 		m.SourcesConfigured(s.String())
@@ -207,25 +207,35 @@ func (c *Controller) syncSource(ctx context.Context, name types.NamespacedName) 
 			c.apply.sourceChange(src, c.sourcesSeen.observe(src, c.cfg.SourceKey))
 		}
 	}
-	if c.cfg.Ledger.Name == "" || !sources.token.valid() || (name != c.cfg.Source && name != c.cfg.Ledger) {
+	if name != c.cfg.Source && name != c.cfg.Ledger {
 		return nil
 	}
-	cur, _ := c.caches.Source(c.cfg.Ledger)
-	accept := "" // the token's SHA-256, kept only for the gateway (its previous-token grace)
-	if c.cfg.Gateway.enabled() {
-		accept = gateway.Digest(sources.token.value)
+	p := planLedger(c.cfg, sources, now)
+	if c.reported.changed("ledger", p.Problem) {
+		c.reportOwnSecret(ctx, c.cfg.Ledger, p.Problem, p.Warning)
 	}
-	next, changed := sources.ledger.Observed(sources.token.digest, accept, now)
-	if !changed {
+	if p.Write == nil {
 		return nil
 	}
-	act := Action(UpdateSecret{Secret: ledger.Desired(c.cfg.Ledger, cur, next)})
-	if cur == nil {
-		act = CreateSecret{Secret: ledger.Desired(c.cfg.Ledger, nil, next)}
-	}
-	c.log.Info("new canonical token: rotation recorded in the ledger", zap.Int("rotation", next[len(next)-1].ID),
+	c.log.Info("new canonical token: rotation recorded in the ledger", zap.Int("rotation", p.Rotation),
 		zap.String("ledger", c.cfg.Ledger.String()))
-	return c.apply.do(ctx, informer.Key{Kind: informer.SourceKey, Namespace: name.Namespace, Name: name.Name}, nil, act, c.log)
+	return c.apply.do(ctx, informer.Key{Kind: informer.SourceKey, Namespace: name.Namespace, Name: name.Name}, nil, p.Write, c.log)
+}
+
+// reportOwnSecret says, once per problem, why raysync leaves one of its own Secrets (the ledger, the
+// gateway's table) as it is: a log line, raysync_sync_total{result="refused"}, and a Warning Event on
+// the Secret; or, problem "", that it is usable again.
+func (c *Controller) reportOwnSecret(ctx context.Context, name types.NamespacedName, problem string, warning *RecordEvent) {
+	log := c.log.With(zap.String("secret", name.String()))
+	if problem == "" {
+		log.Info("raysync's own Secret is usable again")
+		return
+	}
+	log.Warn("leaving raysync's own Secret as it is", zap.String("reason", problem))
+	c.metrics.Syncs.WithLabelValues(names.ResultRefused).Inc()
+	if warning != nil && warning.Object != nil {
+		_ = c.apply.do(ctx, informer.Key{Kind: informer.WaveKey}, nil, *warning, log)
+	}
 }
 
 // syncWave decides and performs the fleet's replacements and restarts (one at a time: one key).
@@ -240,16 +250,57 @@ func (c *Controller) syncWave(ctx context.Context) error {
 		c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, w.RequeueAfter)
 	}
 	if c.cfg.Gateway.enabled() {
-		sources := c.gather.sources(now)
-		if t := planGatewayTable(views, sources, c.cfg, now); t != nil {
-			err = errors.Join(err, c.table.publish(ctx, c.cfg, t))
-			// The previous token's grace ends at a time, not on an event.
-			if prev := tableExpiry(t, now); prev > 0 {
-				c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, prev)
-			}
-		}
+		err = errors.Join(err, c.syncGatewayTable(ctx, views, now))
 	}
 	return err
+}
+
+// syncGatewayTable plans the gateway's table and makes the published Secret hold it, decided from the
+// Secret as cached (the caches watch it: a table deleted or edited is put back).
+func (c *Controller) syncGatewayTable(ctx context.Context, views []clusterView, now time.Time) error {
+	t := planGatewayTable(views, c.gather.sources(now), c.cfg, now)
+	if t == nil {
+		return nil // the source or the ledger cannot be used: the published table stays as it is
+	}
+	// The previous token's grace ends at a time, not on an event.
+	if prev := tableExpiry(t, now); prev > 0 {
+		c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, prev)
+	}
+	b, err := t.Encode()
+	if err != nil {
+		return err
+	}
+	if len(b) > maxTableBytes {
+		c.metrics.Syncs.WithLabelValues(names.ResultError).Inc()
+		return fmt.Errorf("gateway table of %d routes is %d bytes: over what a Secret holds (1 MiB); the published table stays as it is", len(t.Routes), len(b))
+	}
+	cur, _ := c.caches.Source(c.cfg.Gateway.Table)
+	p := planGatewayTableSecret(c.cfg, cur, b)
+	if c.reported.changed("table", p.Problem) {
+		c.reportOwnSecret(ctx, c.cfg.Gateway.Table, p.Problem, p.Warning)
+	}
+	if p.Write == nil {
+		return nil
+	}
+	return c.apply.publishTable(ctx, p.Write, len(t.Routes), len(t.Accept))
+}
+
+// reported remembers the last problem reported about each of raysync's own Secrets, so that each is
+// reported once (in memory: a restart reports it again; it changes no write).
+type reported struct {
+	mu   sync.Mutex
+	last map[string]string
+}
+
+// changed records problem as the last about key and says whether it differs from the one before.
+func (r *reported) changed(key, problem string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last[key] == problem {
+		return false
+	}
+	r.last[key] = problem
+	return true
 }
 
 // expectations are rotations started by this process, until the caches show them.

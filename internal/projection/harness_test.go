@@ -60,8 +60,18 @@ func newHarnessWith(t testing.TB, cfg Config, clusters []*unstructured.Unstructu
 // objs, with synced caches and no recorded actions yet.
 func newDryRunHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
 	t.Helper()
+	return buildHarness(t, dryRun, cfg, clusters, nil, objs...)
+}
+
+// buildHarness is newDryRunHarness with setup run on the fake clientset before the caches start
+// (reactors that must see the first watches).
+func buildHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstructured.Unstructured, setup func(*fake.Clientset), objs ...runtime.Object) *harness {
+	t.Helper()
 	kube := fake.NewClientset(objs...)
 	enforceResourceVersions(kube)
+	if setup != nil {
+		setup(kube)
+	}
 	scheme := runtime.NewScheme()
 	var dynObjs []runtime.Object
 	for _, rc := range clusters {
@@ -69,7 +79,7 @@ func newDryRunHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstruc
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
 		kuberay.ListKinds, dynObjs...)
-	caches := informer.New(kube, dyn, nil, informer.Config{Namespaces: []string{ns}, Sources: cfg.Sources()})
+	caches := informer.New(kube, dyn, nil, cfg.Watches([]string{ns}))
 	rec := record.NewFakeRecorder(100)
 	h := &harness{kube: kube, dyn: dyn, recorder: rec}
 	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })

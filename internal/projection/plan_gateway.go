@@ -5,6 +5,7 @@ package projection
 // Service <name>-gw per RayService and RayCluster, the stable address clients use.
 
 import (
+	"bytes"
 	"fmt"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/raysync/raysync/internal/gateway"
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
 )
 
@@ -97,19 +99,17 @@ func runsOn(v clusterView) []byte {
 	return nil
 }
 
-// planGatewayTable is the gateway's table for the fleet at now; nil when the canonical source is not
-// valid (the published table then stays as it is).
+// planGatewayTable is the gateway's table for the fleet at now; nil when the canonical source or the
+// rotation ledger cannot be used (the published table then stays as it is, the previous token's grace
+// with it).
 func planGatewayTable(views []clusterView, src *sourceView, cfg Config, now time.Time) *gateway.Table {
-	if !src.token.valid() {
+	if !src.token.valid() || src.ledgerErr != nil {
 		return nil
 	}
 	t := &gateway.Table{Accept: []gateway.Accepted{{Credential: gateway.Current, SHA256: gateway.Digest(src.token.value)}},
 		Tokens: map[string][]byte{}, Routes: map[string]gateway.Route{}}
-	if prev, ok := src.ledger.Previous(); ok && src.rotation.ID != 0 && prev.Accept != "" && cfg.Gateway.Grace > 0 &&
-		src.previousRevoked != src.rotation.ID {
-		if until := src.rotation.FirstSeen.Add(cfg.Gateway.Grace); now.Before(until) {
-			t.Accept = append(t.Accept, gateway.Accepted{Credential: gateway.Previous, SHA256: prev.Accept, Until: &until})
-		}
+	if prev, until, ok := previousAccepted(src, cfg, now); ok && prev.Accept != t.Accept[0].SHA256 {
+		t.Accept = append(t.Accept, gateway.Accepted{Credential: gateway.Previous, SHA256: prev.Accept, Until: &until})
 	}
 	if len(src.pending) > 0 && gateway.Digest(src.pending) != t.Accept[0].SHA256 {
 		t.Accept = append(t.Accept, gateway.Accepted{Credential: gateway.Pending, SHA256: gateway.Digest(src.pending)})
@@ -135,6 +135,9 @@ func planGatewayTable(views []clusterView, src *sourceView, cfg Config, now time
 	return t
 }
 
+// maxTableBytes: a Secret holds at most 1 MiB; a table larger than this is not published.
+const maxTableBytes = 900 << 10
+
 // desiredGatewayTableSecret is the Secret holding the encoded table; cur is it as it is (nil: absent).
 func desiredGatewayTableSecret(cfg Config, cur *corev1.Secret, table []byte) *corev1.Secret {
 	s := &corev1.Secret{
@@ -148,6 +151,60 @@ func desiredGatewayTableSecret(cfg Config, cur *corev1.Secret, table []byte) *co
 	}
 	s.Data = map[string][]byte{gateway.TableKey: table}
 	return s
+}
+
+// ownGatewayTable reports whether s carries raysync's marks of the gateway's table.
+func ownGatewayTable(s *corev1.Secret) bool {
+	return s.Labels[names.ManagedByLabel] == names.ManagedByValue && s.Annotations[names.KindAnnotation] == names.KindGatewayTable
+}
+
+// tablePlan is what the published table Secret needs: a write, or why there is none.
+type tablePlan struct {
+	Write   Action // CreateSecret or UpdateSecret; nil: nothing to write
+	Problem string // why the Secret is left as it is ("": none)
+	Warning *RecordEvent
+}
+
+// planGatewayTableSecret compares the published table Secret as it is (cur, nil: absent) with the
+// table it should hold: created when absent, put back when it holds anything else (deleted, edited),
+// nothing when equal. A Secret of that name that is not raysync's table is never written.
+func planGatewayTableSecret(cfg Config, cur *corev1.Secret, table []byte) tablePlan {
+	switch {
+	case cur == nil:
+		return tablePlan{Write: CreateSecret{Secret: desiredGatewayTableSecret(cfg, nil, table)}}
+	case !ownGatewayTable(cur):
+		msg := fmt.Sprintf("Secret %s exists and is not raysync's gateway table (label %s=%s and annotation %s=%s): raysync leaves it as it is "+
+			"and publishes no table (the gateway keeps its last one); delete it or choose another --gateway-table",
+			cfg.Gateway.Table, names.ManagedByLabel, names.ManagedByValue, names.KindAnnotation, names.KindGatewayTable)
+		return tablePlan{Problem: msg, Warning: &RecordEvent{Object: cur, Type: corev1.EventTypeWarning, Reason: names.ReasonTargetNotOwned, Message: msg}}
+	case len(cur.Data) == 1 && bytes.Equal(cur.Data[gateway.TableKey], table):
+		return tablePlan{}
+	}
+	return tablePlan{Write: UpdateSecret{Secret: desiredGatewayTableSecret(cfg, cur, table)}}
+}
+
+// previousAccepted is the canonical token the gateway accepts besides the current one, and until
+// when, from the source and the ledger as they are: the rotation before the current token's, for
+// --gateway-grace after the current token was first seen, unless `syncer revoke-previous` revoked it.
+// The source's change and the ledger's record of it reach the caches, and their keys the queue, in
+// any order: until the ledger holds the current token, its newest rotation is the token just replaced
+// and its grace runs from now (from the record's time once it is written), so the first table that
+// accepts a new token accepts the old one too.
+func previousAccepted(src *sourceView, cfg Config, now time.Time) (prev ledger.Rotation, until time.Time, ok bool) {
+	if cfg.Gateway.Grace <= 0 || len(src.ledger) == 0 {
+		return prev, until, false
+	}
+	since, rotation := src.rotation.FirstSeen, src.rotation.ID
+	if rotation != 0 {
+		prev, ok = src.ledger.Previous()
+	} else { // the ledger has not recorded the current token yet: it will be the next rotation
+		// (since in whole minutes: a ledger that cannot be written must not make every pass rewrite
+		// the table)
+		prev, ok = src.ledger[len(src.ledger)-1], true
+		since, rotation = now.Truncate(time.Minute), prev.ID+1
+	}
+	until = since.Add(cfg.Gateway.Grace)
+	return prev, until, ok && prev.Accept != "" && src.previousRevoked != rotation && now.Before(until)
 }
 
 // tableExpiry is how long until an accepted credential of t expires (0: none will): the table is

@@ -143,9 +143,13 @@ func TestGatewayAccepts(t *testing.T) {
 	pendingIsCurrent := sourceSecret(token)
 	pendingIsCurrent.Data["pending"] = []byte(token)
 	oldLedger := gatewayLedger("")
-	l := ledger.Read(oldLedger)
+	l, _ := ledger.Read(oldLedger)
 	l[0].Accept = "" // recorded before raysync kept what the gateway accepts
 	oldLedger = ledger.Desired(ledgerName, nil, l)
+	foreignLedger := gatewayLedger("")
+	foreignLedger.Labels = nil
+	brokenLedger := gatewayLedger("")
+	brokenLedger.Data["rotations.json"] = []byte("{")
 	for name, tc := range map[string]struct {
 		got  []gateway.Credential
 		want string
@@ -157,8 +161,15 @@ func TestGatewayAccepts(t *testing.T) {
 		"a revocation of an earlier rotation":          {accepted(noPending, planNow, sourceSecret(token), gatewayLedger("6")), "current previous"},
 		"a previous rotation recorded without its SHA": {accepted(noPending, planNow, sourceSecret(token), oldLedger), "current"},
 		"a pending key equal to the current token":     {accepted(noGrace, planNow, pendingIsCurrent, gatewayLedger("")), "current"},
-		"the source newer than the ledger":             {accepted(noPending, planNow, sourceSecret("unseen-token"), gatewayLedger("")), "current"},
-		"an invalid source: no table":                  {accepted(cfg, planNow, sourceSecret(" padded "), gatewayLedger("")), ""},
+		// The source's change reached the caches before the ledger's record of it: the token just
+		// replaced (the ledger's newest) is the previous one already, or the first table accepting the
+		// new token would refuse the old one.
+		"the source newer than the ledger":           {accepted(noPending, planNow, sourceSecret("unseen-token"), gatewayLedger("")), "current previous"},
+		"the source newer than the ledger, no grace": {accepted(noGrace, planNow, sourceSecret("unseen-token"), gatewayLedger("")), "current"},
+		"the source rolled back to an earlier token": {accepted(noPending, planNow, sourceSecret("previous-client-token"), gatewayLedger("")), "current previous"},
+		"the ledger is someone else's: no table":     {accepted(noPending, planNow, sourceSecret(token), foreignLedger), ""},
+		"the ledger cannot be read: no table":        {accepted(noPending, planNow, sourceSecret(token), brokenLedger), ""},
+		"an invalid source: no table":                {accepted(cfg, planNow, sourceSecret(" padded "), gatewayLedger("")), ""},
 	} {
 		var got []string
 		for _, c := range tc.got {
@@ -231,4 +242,30 @@ func describeAddress(verb string, s *corev1.Service) string {
 		return verb + " a malformed Service"
 	}
 	return verb + " " + s.Name + " -> " + s.Spec.ExternalName + " owned by " + o.Kind + " " + o.Name
+}
+
+// TestPreviousTokenBeforeTheLedgerRecordsTheRotation: until the ledger holds the current token, the
+// token it replaces (the ledger's newest) is accepted for the grace from now, in whole minutes (a
+// ledger that cannot be written does not make every pass rewrite the table); once recorded, for the
+// grace from the record.
+func TestPreviousTokenBeforeTheLedgerRecordsTheRotation(t *testing.T) {
+	cfg := gatewayConfig()
+	cfg.Gateway.PendingKey = ""
+	now := planNow.Truncate(time.Minute).Add(10 * time.Second)
+	src := readSources(cfg, getter([]*corev1.Secret{sourceSecret("unseen-token"), gatewayLedger("")}), now)
+	prev, until, ok := previousAccepted(src, cfg, now)
+	if !ok || prev.ID != 7 || !until.Equal(now.Truncate(time.Minute).Add(24*time.Hour)) {
+		t.Errorf("before the record: rotation %d until %s (%v)", prev.ID, until, ok)
+	}
+	if _, _, ok := previousAccepted(src, cfg, now.Add(time.Second)); !ok {
+		t.Error("not accepted a second later")
+	}
+	if a, b := planGatewayTable(nil, src, cfg, now), planGatewayTable(nil, src, cfg, now.Add(20*time.Second)); !equalJSON(a, b) {
+		t.Errorf("the table changes within a minute while the ledger lags: %+v vs %+v", a.Accept, b.Accept)
+	}
+	// revoke-previous names a recorded rotation: the next one cannot have been revoked yet
+	src = readSources(cfg, getter([]*corev1.Secret{sourceSecret("unseen-token"), gatewayLedger("7")}), now)
+	if _, _, ok := previousAccepted(src, cfg, now); !ok {
+		t.Error("a revocation of the rotation before revoked the token the source just replaced")
+	}
 }

@@ -26,6 +26,10 @@ type sourceView struct {
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
 	ledger   ledger.Ledger
 	rotation ledger.Rotation
+	// ledgerSecret is the ledger Secret as cached (nil: none yet); ledgerErr says why raysync cannot
+	// use it (someone else's Secret under its name, or unreadable), nil when it can.
+	ledgerSecret *corev1.Secret
+	ledgerErr    error
 	// previousRevoked is the rotation whose previous token `syncer revoke-previous` revoked (0: none).
 	previousRevoked int
 	// pending is the next token (the gateway's pending key), nil when none is configured or valid.
@@ -55,11 +59,11 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 		v.token.digest = tokenDigest(v.token.value)
 	}
 	if cfg.Ledger.Name != "" {
-		l := get(cfg.Ledger)
-		v.ledger = ledger.Read(l)
+		v.ledgerSecret = get(cfg.Ledger)
+		v.ledger, v.ledgerErr = ledger.Read(v.ledgerSecret)
 		v.rotation, _ = v.ledger.Current(v.token.digest)
-		if l != nil {
-			v.previousRevoked, _ = strconv.Atoi(l.Annotations[names.PreviousRevokedAnnotation])
+		if v.ledgerSecret != nil && v.ledgerErr == nil {
+			v.previousRevoked, _ = strconv.Atoi(v.ledgerSecret.Annotations[names.PreviousRevokedAnnotation])
 		}
 	}
 	if k := cfg.Gateway.PendingKey; k != "" && v.token.secret != nil {
