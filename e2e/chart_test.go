@@ -860,3 +860,43 @@ func jsonOf(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// TestChartAlertsLinkTheirRunbooks renders the PrometheusRule with the default runbook URL (the docs of
+// the chart's version) and with prometheusRule.runbookURL set: every alert links its own runbook page.
+func TestChartAlertsLinkTheirRunbooks(t *testing.T) {
+	base := "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true,prometheusRule.enabled=true,gateway.enabled=true"
+	for set, want := range map[string]string{
+		"": "https://github.com/raysync/raysync/blob/v0.2.0/docs/runbooks/%s.md",
+		",prometheusRule.runbookURL=https://docs.example.com/raysync/runbooks/{alert}/": "https://docs.example.com/raysync/runbooks/%s/",
+	} {
+		out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/prometheusrule.yaml", "--set", base+set)
+		if err != nil {
+			t.Fatalf("helm template (%s): %v\n%s", set, err, out)
+		}
+		var rule struct {
+			Spec struct {
+				Groups []struct {
+					Rules []struct {
+						Alert       string
+						Annotations map[string]string
+					}
+				}
+			}
+		}
+		if err := yaml.Unmarshal([]byte(out), &rule); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, g := range rule.Spec.Groups {
+			for _, r := range g.Rules {
+				n++
+				if got, w := r.Annotations["runbook_url"], fmt.Sprintf(want, strings.ToLower(r.Alert)); got != w {
+					t.Errorf("%s (%s): runbook_url %q, want %q", r.Alert, set, got, w)
+				}
+			}
+		}
+		if n < 17 {
+			t.Errorf("%s: %d alerts rendered, want every alert of both groups", set, n)
+		}
+	}
+}
