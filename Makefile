@@ -1,4 +1,4 @@
-# Every target here is listed in the README.
+# Every target here is listed in docs/contributing/index.md (the README names make demo and make test).
 SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
