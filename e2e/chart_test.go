@@ -900,3 +900,29 @@ func TestChartAlertsLinkTheirRunbooks(t *testing.T) {
 		}
 	}
 }
+
+// TestChartNotesSayHowToCheck: after install the chart says what it installed and how to check it, with
+// the release's own names (helm install --dry-run=client renders NOTES.txt without a cluster).
+func TestChartNotesSayHowToCheck(t *testing.T) {
+	for set, want := range map[string][]string{
+		"namespaces={ml-team,ml-batch}": {"RayClusters in    ml-team, ml-batch", "kubectl -n raysync exec deploy/rs-raysync -- /syncer status",
+			"kubectl -n raysync rollout status deploy/rs-raysync", "kubectl -n platform get secret ray-token", "pull secrets      none",
+			"rotation          RayService replace, RayCluster hold, RayJob hold", "no ServiceMonitor, no alerts"},
+		"allNamespaces=true,gateway.enabled=true,pullSecrets={platform/regcred}": {"RayClusters in    every namespace",
+			"rotation          gateway for every cluster (gateway.enabled overrides rotation.policies)", "pull secrets      platform/regcred", "gateway           on"},
+	} {
+		out, err := helm(t, "install", "rs", chart, "--dry-run=client", "--namespace", "raysync", "--set", "authSource.namespace=platform,authSource.name=ray-token,"+set)
+		if err != nil {
+			t.Fatalf("helm install --dry-run=client (%s): %v\n%s", set, err, out)
+		}
+		_, notes, ok := strings.Cut(out, "NOTES:")
+		if !ok {
+			t.Fatalf("%s: no NOTES in:\n%.2000s", set, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(notes, w) {
+				t.Errorf("%s: NOTES lack %q:\n%s", set, w, notes)
+			}
+		}
+	}
+}
