@@ -159,12 +159,12 @@ func (d *docsShell) try(block string, extraEnv ...string) (string, error) {
 	return out.String(), err
 }
 
-// startDeployments starts raysync, as its pod would run, for every raysync Deployment not started yet:
+// startDeployments starts raysync, as its pod would run, for every raysync Deployment of ns not started yet:
 // the Deployment's arguments (servers on loopback), its ServiceAccount, POD_NAMESPACE; and records the
 // arguments `kubectl exec deploy/… -- /syncer` gets in the pod.
-func (d *docsShell) startDeployments() {
+func (d *docsShell) startDeployments(ns string) {
 	d.e.t.Helper()
-	deps, err := d.e.Kube.AppsV1().Deployments("").List(d.e.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=raysync"})
+	deps, err := d.e.Kube.AppsV1().Deployments(ns).List(d.e.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=raysync"})
 	if err != nil {
 		d.e.t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestDocsQuickStart(t *testing.T) {
 		t.Fatalf("step 2 wrote a token of %d characters, want 64 hex characters and no newline", len(token))
 	}
 	sh.run(blocks[2])
-	sh.startDeployments()
+	sh.startDeployments("raysync")
 	if out := sh.run(blocks[3]); !strings.Contains(out, "successfully rolled out") || !strings.Contains(out, "raysync/ray-token") {
 		t.Errorf("step 4 printed no rollout and no source:\n%s", out)
 	}
@@ -274,7 +274,7 @@ func TestDocsRotationBlockedRunbook(t *testing.T) {
 	env.kubectlApply(out)
 	t.Cleanup(func() { env.kubectlDeleteClusterScoped(out) })
 	sh := newDocsShell(env, "NS=raysync RELEASE=raysync", "NS="+rel+" RELEASE="+release+"-raysync")
-	sh.startDeployments()
+	sh.startDeployments(rel)
 
 	env.CreateRayCluster(rayCluster(cns, "batch"))
 	env.WaitPodsReady(cns, kuberay.ClusterLabel+"=batch", 2, time.Minute)
