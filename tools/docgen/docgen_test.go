@@ -123,3 +123,49 @@ func TestChartDefaultsLeaveOptionalPartsOff(t *testing.T) {
 		t.Error("the chart picks a scope by default: sharing one token with every tenant must be a deliberate choice")
 	}
 }
+
+// fencedBlocks returns the fenced code blocks of md (indentation removed), in order; with marker, only
+// those preceded by that line.
+func fencedBlocks(md, marker string) []string {
+	var blocks []string
+	var cur []string
+	in, armed := false, marker == ""
+	indent := ""
+	for _, line := range strings.Split(md, "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case marker != "" && trimmed == marker:
+			armed = true
+		case !in && strings.HasPrefix(trimmed, "```") && armed:
+			in, cur, indent = true, nil, line[:len(line)-len(strings.TrimLeft(line, " "))]
+		case in && strings.HasPrefix(trimmed, "```"):
+			blocks = append(blocks, strings.Join(cur, "\n"))
+			in, armed = false, marker == ""
+		case in:
+			cur = append(cur, strings.TrimPrefix(line, indent))
+		}
+	}
+	return blocks
+}
+
+// TestREADMEQuickStartIsTheOneThatRuns: the README's quick start is, command for command, the one
+// docs/getting-started/helm.md marks for execution (TestDocsQuickStart runs those).
+func TestREADMEQuickStartIsTheOneThatRuns(t *testing.T) {
+	root, _ := repoRoot()
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm, err := os.ReadFile(filepath.Join(root, "docs/getting-started/helm.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, qs, _ := strings.Cut(string(readme), "## Quick start")
+	qs, _, _ = strings.Cut(qs, "\n## ")
+	got := fencedBlocks(qs, "")
+	want := fencedBlocks(string(helm), "<!-- docs-run: quickstart -->")
+	if len(want) != 5 || !slices.Equal(got, want) {
+		t.Errorf("the README's quick start differs from the one docs/getting-started/helm.md runs:\nREADME:\n%s\n\ndocs:\n%s",
+			strings.Join(got, "\n---\n"), strings.Join(want, "\n---\n"))
+	}
+}
