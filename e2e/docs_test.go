@@ -287,6 +287,9 @@ func TestDocsRotationBlockedRunbook(t *testing.T) {
 		if v == nil {
 			delete(ns.Annotations, framework.StandInStart)
 		} else {
+			if ns.Annotations == nil {
+				ns.Annotations = map[string]string{}
+			}
 			ns.Annotations[framework.StandInStart] = *v
 		}
 		if _, err := env.Kube.CoreV1().Namespaces().Update(env.ctx, ns, metav1.UpdateOptions{}); err != nil {
