@@ -137,9 +137,20 @@ func (d *docsShell) run(block string, extraEnv ...string) string {
 	d.e.t.Helper()
 	out, err := d.try(block, extraEnv...)
 	if err != nil {
-		d.e.t.Fatalf("documented commands failed: %v\n--- commands\n%s--- output\n%s", err, d.subs.Replace(block), out)
+		d.e.t.Fatalf("documented commands failed: %v\n--- commands\n%s--- output\n%s", err, d.subs.Replace(block), d.redact(out))
 	}
 	return out
+}
+
+// redact hides, in what the test logs, the digests of the test's secrets that documented commands
+// print on purpose (raysync.dev/token-sha256, and the one-liner that compares with it).
+func (d *docsShell) redact(s string) string {
+	for _, v := range d.e.secrets {
+		sum := sha256.Sum256([]byte(v))
+		full := hex.EncodeToString(sum[:])
+		s = strings.ReplaceAll(strings.ReplaceAll(s, full, "<sha256 of a secret>"), full[:16], "<digest of a secret>")
+	}
+	return s
 }
 
 func (d *docsShell) try(block string, extraEnv ...string) (string, error) {
@@ -150,7 +161,7 @@ func (d *docsShell) try(block string, extraEnv ...string) (string, error) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
-	d.e.t.Logf("$ %s\n%s", strings.ReplaceAll(strings.TrimSpace(script), "\n", "\n$ "), out.String())
+	d.e.t.Logf("$ %s\n%s", strings.ReplaceAll(strings.TrimSpace(script), "\n", "\n$ "), d.redact(out.String()))
 	for _, v := range d.e.secrets {
 		if len(v) >= 8 && strings.Contains(out.String(), v) {
 			d.e.t.Errorf("a documented command printed a secret value")
@@ -249,7 +260,7 @@ func TestDocsQuickStart(t *testing.T) {
 	digest := hex.EncodeToString(sum[:8])
 	out := sh.run(blocks[4])
 	if strings.Count(out, digest) != 2 {
-		t.Errorf("step 5 should show the cluster's digest and the canonical token's, both %s:\n%s", digest, out)
+		t.Errorf("step 5 should show the cluster's digest and the canonical token's, both the canonical token's:\n%s", sh.redact(out))
 	}
 }
 
@@ -326,6 +337,6 @@ func TestDocsRotationBlockedRunbook(t *testing.T) {
 		return err == nil && strings.Contains(o, "RotationCompleted"), nil
 	})
 	if err != nil {
-		t.Fatalf("step 4 never confirmed the wave unblocked: %v\n%s", err, last)
+		t.Fatalf("step 4 never confirmed the wave unblocked: %v\n%s", err, sh.redact(last))
 	}
 }
