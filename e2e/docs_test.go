@@ -314,7 +314,8 @@ func TestDocsRotationBlockedRunbook(t *testing.T) {
 
 	// Step 1: the runbook names the blocked cluster; steps 1 and 2a read its Event and its state.
 	rb := docsBlocks(t, "runbooks/raysyncrotationblocked.md", "rotationblocked")
-	vars := []string{"CNS=" + cns, "CLUSTER=batch", "OWNER=batch"}
+	// What the reader set at the top of the runbook and in step 1 (each block runs in a shell of its own).
+	vars := []string{"NS=" + rel, "RELEASE=" + release + "-raysync", "CNS=" + cns, "CLUSTER=batch", "OWNER=batch"}
 	if got := sh.run(rb[0], vars...); !strings.Contains(got, cns+" batch RayCluster/batch policy=restart since=") {
 		t.Errorf("step 1 does not name the blocked cluster:\n%s", got)
 	}
@@ -334,7 +335,7 @@ func TestDocsRotationBlockedRunbook(t *testing.T) {
 	err = wait.PollUntilContextTimeout(env.ctx, 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
 		o, err := sh.try(confirm, vars...)
 		last = o
-		return err == nil && strings.Contains(o, "RotationCompleted"), nil
+		return err == nil && strings.HasPrefix(o, "0\n") && strings.Contains(o, "RotationCompleted"), nil
 	})
 	if err != nil {
 		t.Fatalf("step 4 never confirmed the wave unblocked: %v\n%s", err, sh.redact(last))
