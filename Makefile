@@ -1,9 +1,9 @@
-# Every target here is listed in the README.
+# Every target here is listed in docs/contributing/index.md (the README names make demo and make test).
 SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
 
-.PHONY: build image test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean
+.PHONY: build image test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean docs docs-gen
 FUZZTIME ?= 60s
 FUZZ_PACKAGES := ./internal/kuberay ./internal/validate ./internal/podtemplate ./internal/projection ./cmd/syncer
 
@@ -13,8 +13,9 @@ build: ## build bin/syncer
 image: ## docker build of ghcr.io/raysync/syncer:dev (needs a Docker engine)
 	docker build -t ghcr.io/raysync/syncer:dev .
 
-test: ## everything: vet, unit tests, each fuzz target for 3s, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
+test: ## everything: vet, the docs site, unit tests, each fuzz target for 3s, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
 	$(GO) vet ./...
+	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 	$(GO) test -count=1 -timeout 80m ./...
 
@@ -50,5 +51,11 @@ demo: ## the main job, end to end, on a fresh local control plane
 demo-down: ## stop everything the demo started
 	$(GO) run ./e2e/cmd/demo -down
 
-clean: dev-cluster-down
-	rm -rf bin .dev
+docs: ## build the docs site strictly into site/ (mkdocs + Material from the hash-pinned docs/requirements.txt, installed once into the cache)
+	docs/_hooks/build.sh
+
+docs-gen: ## regenerate the reference pages and the chart README from the code (a test fails when they drift)
+	$(GO) run ./tools/docgen
+
+clean: dev-cluster-down ## stop the dev cluster, remove bin/, .dev/ and site/ (keeps the .cache/ of built binaries)
+	rm -rf bin .dev site

@@ -860,3 +860,72 @@ func jsonOf(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// TestChartAlertsLinkTheirRunbooks renders the PrometheusRule with the default runbook URL (the docs of
+// the chart's version) and with prometheusRule.runbookURL set: every alert links its own runbook page.
+func TestChartAlertsLinkTheirRunbooks(t *testing.T) {
+	base := "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true,prometheusRule.enabled=true,gateway.enabled=true"
+	for set, want := range map[string]string{
+		"": "https://github.com/raysync/raysync/blob/v0.2.0/docs/runbooks/%s.md",
+		",prometheusRule.runbookURL=https://docs.example.com/raysync/runbooks/{alert}/": "https://docs.example.com/raysync/runbooks/%s/",
+	} {
+		out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/prometheusrule.yaml", "--set", base+set)
+		if err != nil {
+			t.Fatalf("helm template (%s): %v\n%s", set, err, out)
+		}
+		var rule struct {
+			Spec struct {
+				Groups []struct {
+					Rules []struct {
+						Alert       string
+						Annotations map[string]string
+					}
+				}
+			}
+		}
+		if err := yaml.Unmarshal([]byte(out), &rule); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, g := range rule.Spec.Groups {
+			for _, r := range g.Rules {
+				n++
+				if got, w := r.Annotations["runbook_url"], fmt.Sprintf(want, strings.ToLower(r.Alert)); got != w {
+					t.Errorf("%s (%s): runbook_url %q, want %q", r.Alert, set, got, w)
+				}
+			}
+		}
+		if n < 17 {
+			t.Errorf("%s: %d alerts rendered, want every alert of both groups", set, n)
+		}
+	}
+}
+
+// TestChartNotesSayHowToCheck: after install the chart says what it installed and how to check it, with
+// the release's own names (helm install --dry-run=client renders NOTES.txt and creates nothing).
+func TestChartNotesSayHowToCheck(t *testing.T) {
+	if len(controlPlanes) == 0 {
+		t.Skip("helm install --dry-run=client still asks a cluster for its version")
+	}
+	for set, want := range map[string][]string{
+		"namespaces={ml-team,ml-batch}": {"RayClusters in    ml-team, ml-batch", "kubectl -n raysync exec deploy/rs-raysync -- /syncer status",
+			"kubectl -n raysync rollout status deploy/rs-raysync", "kubectl -n platform get secret ray-token", "pull secrets      none",
+			"rotation          RayService replace, RayCluster hold, RayJob hold", "no ServiceMonitor, no alerts"},
+		"allNamespaces=true,gateway.enabled=true,pullSecrets={platform/regcred}": {"RayClusters in    every namespace",
+			"rotation          gateway for every cluster (gateway.enabled overrides rotation.policies)", "pull secrets      platform/regcred", "gateway           on"},
+	} {
+		out, err := helm(t, "install", "rs", chart, "--dry-run=client", "--kubeconfig", controlPlanes[0].Kubeconfig, "--namespace", "raysync", "--set", "authSource.namespace=platform,authSource.name=ray-token,"+set)
+		if err != nil {
+			t.Fatalf("helm install --dry-run=client (%s): %v\n%s", set, err, out)
+		}
+		_, notes, ok := strings.Cut(out, "NOTES:")
+		if !ok {
+			t.Fatalf("%s: no NOTES in:\n%.2000s", set, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(notes, w) {
+				t.Errorf("%s: NOTES lack %q:\n%s", set, w, notes)
+			}
+		}
+	}
+}

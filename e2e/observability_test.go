@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -70,8 +71,12 @@ func renderedAlerts(t *testing.T, behindSeconds string) []byte {
 		t.Fatal(err)
 	}
 	all := strings.TrimSuffix(string(rules), "\n") + "\n" + string(gw)
-	return []byte(strings.NewReplacer("__JOB__", "raysync-metrics", "__GATEWAY_JOB__", "raysync-gateway", "__BEHIND_SECONDS__", behindSeconds).Replace(all))
+	all = strings.NewReplacer("__JOB__", "raysync-metrics", "__GATEWAY_JOB__", "raysync-gateway", "__BEHIND_SECONDS__", behindSeconds).Replace(all)
+	// As templates/prometheusrule.yaml does with prometheusRule.runbookURL = https://docs.example/raysync/runbooks/{alert}/.
+	return []byte(runbookPlaceholder.ReplaceAllString(all, "https://docs.example/raysync/runbooks/${1}/"))
 }
+
+var runbookPlaceholder = regexp.MustCompile(`__RUNBOOK__\(([a-z]+)\)`)
 
 func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
 	b := renderedAlerts(t, "604800")
@@ -93,8 +98,8 @@ func TestAlertRulesParseAndUseRealMetrics(t *testing.T) {
 		for _, r := range g.Rules {
 			alerts[r.Alert] = true
 			exprs = append(exprs, r.Expr)
-			if r.Annotations["summary"] == "" || r.Annotations["runbook"] == "" {
-				t.Errorf("alert %s lacks summary or runbook text", r.Alert)
+			if r.Annotations["summary"] == "" || r.Annotations["runbook"] == "" || !strings.HasPrefix(r.Annotations["runbook_url"], "https://docs.example/raysync/runbooks/") {
+				t.Errorf("alert %s lacks summary, runbook text or runbook_url", r.Alert)
 			}
 		}
 	}

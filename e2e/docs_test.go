@@ -1,0 +1,343 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/kuberay"
+)
+
+// Docs that run: a fenced block preceded by `<!-- docs-run: NAME -->` is run by these tests as written,
+// in bash, against a real API server. What the harness cannot do as a cluster does is said once, here:
+
+// docsChartRef is how the docs name the chart, and docsChart what the tests install instead. Once the
+// real node's registry exists, docsChart becomes that registry's oci:// reference (and the quick start's
+// step 1, which publishes to it, runs too).
+const docsChartRef = "oci://registry.example.com/platform/charts/raysync --version 0.2.0"
+
+func docsChart(root string) string { return filepath.Join(root, chart) }
+
+// docsPublishStep is the quick start's step 1 (git checkout, docker build and push, helm push): no Docker
+// engine and no registry yet.
+var docsPublishStep = regexp.MustCompile(`(?m)^docker build |^helm push `)
+
+// docsBlocks returns the blocks of page marked `<!-- docs-run: name -->`, in order.
+func docsBlocks(t *testing.T, page, name string) []string {
+	t.Helper()
+	root, _ := framework.RepoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "docs", page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	marker := "<!-- docs-run: " + name + " -->"
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	armed, in := false, false
+	var cur strings.Builder
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.TrimSpace(line) == marker:
+			armed = true
+		case armed && !in && strings.HasPrefix(line, "```"):
+			in, cur = true, strings.Builder{}
+		case in && strings.HasPrefix(line, "```"):
+			blocks = append(blocks, cur.String())
+			in, armed = false, false
+		case in:
+			cur.WriteString(line + "\n")
+		}
+	}
+	if len(blocks) == 0 {
+		t.Fatalf("docs/%s has no block marked %s", page, marker)
+	}
+	return blocks
+}
+
+// docsShell runs documented commands: real kubectl and helm on the control plane's admin kubeconfig,
+// behind a kubectl shim for the two things the stand-in cannot do (it runs no containers and there is
+// no Deployment controller): `kubectl exec deploy/<raysync> -- /syncer ARGS` runs the syncer binary with
+// the Deployment's arguments, as inside its pod, and `kubectl rollout status deploy/<raysync>` answers
+// once the test has started that raysync.
+type docsShell struct {
+	e    *Env
+	dir  string   // the shim's directory: kubectl, helm, and one <ns>.<deploy>.args file per raysync started
+	env  []string // the shell's environment
+	subs *strings.Replacer
+}
+
+const kubectlShim = `#!/usr/bin/env bash
+# kubectl for documented commands on the e2e harness (e2e/docs_test.go says why).
+ns=default; a=("$@")
+for ((i=0; i<${#a[@]}; i++)); do
+  case "${a[i]}" in -n|--namespace) ns=${a[i+1]};; --namespace=*) ns=${a[i]#*=};; esac
+done
+for ((i=0; i<${#a[@]}; i++)); do
+  if [ "${a[i]}" = exec ] && [[ "${a[i+1]}" == deploy/* ]]; then
+    f="$SHIM_DIR/$ns.${a[i+1]#deploy/}.args"
+    [ -f "$f" ] || { echo "docs shim: no raysync runs for ${a[i+1]} in $ns" >&2; exit 1; }
+    for ((j=i+2; j<${#a[@]}; j++)); do [ "${a[j]}" = -- ] && break; done
+    cmd=("${a[@]:j+2}"); mapfile -t run < "$f"
+    POD_NAMESPACE=$ns exec "$SYNCER" "${cmd[0]}" "${run[@]}" "${cmd[@]:1}"
+  fi
+  if [ "${a[i]}" = rollout ] && [ "${a[i+1]}" = status ] && [[ "${a[i+2]}" == deploy/* ]]; then
+    [ -f "$SHIM_DIR/$ns.${a[i+2]#deploy/}.args" ] || { echo "docs shim: no raysync runs for ${a[i+2]} in $ns" >&2; exit 1; }
+    echo "deployment \"${a[i+2]#deploy/}\" successfully rolled out"; exit 0
+  fi
+done
+exec "$REAL_KUBECTL" "$@"
+`
+
+func newDocsShell(e *Env, subs ...string) *docsShell {
+	e.t.Helper()
+	root, _ := framework.RepoRoot()
+	dir := e.t.TempDir()
+	syncer, err := buildSyncer()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	helmPath, err := framework.EnsureHelm(context.Background(), e.t.Logf)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	real, err := exec.LookPath("kubectl")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubectl"), []byte(kubectlShim), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.Symlink(helmPath, filepath.Join(dir, "helm")); err != nil {
+		e.t.Fatal(err)
+	}
+	env := append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "KUBECONFIG="+e.Kubeconfig, "SHIM_DIR="+dir, "SYNCER="+syncer, "REAL_KUBECTL="+real,
+		"HELM_CACHE_HOME="+e.t.TempDir(), "HELM_CONFIG_HOME="+e.t.TempDir(), "HELM_DATA_HOME="+e.t.TempDir())
+	return &docsShell{e: e, dir: dir, env: env, subs: strings.NewReplacer(append([]string{docsChartRef, docsChart(root)}, subs...)...)}
+}
+
+// run runs one documented block as a reader would, stopping at the first failing command (bash -e; a
+// pipeline's status is its last command's, as in an interactive shell), and returns its output.
+func (d *docsShell) run(block string, extraEnv ...string) string {
+	d.e.t.Helper()
+	out, err := d.try(block, extraEnv...)
+	if err != nil {
+		d.e.t.Fatalf("documented commands failed: %v\n--- commands\n%s--- output\n%s", err, d.subs.Replace(block), d.redact(out))
+	}
+	return out
+}
+
+// redact hides, in what the test logs, the digests of the test's secrets that documented commands
+// print on purpose (raysync.dev/token-sha256, and the one-liner that compares with it).
+func (d *docsShell) redact(s string) string {
+	for _, v := range d.e.secrets {
+		sum := sha256.Sum256([]byte(v))
+		full := hex.EncodeToString(sum[:])
+		s = strings.ReplaceAll(strings.ReplaceAll(s, full, "<sha256 of a secret>"), full[:16], "<digest of a secret>")
+	}
+	return s
+}
+
+func (d *docsShell) try(block string, extraEnv ...string) (string, error) {
+	d.e.t.Helper()
+	script := d.subs.Replace(block)
+	cmd := exec.Command("bash", "-e", "-c", script)
+	cmd.Env = append(append([]string{}, d.env...), extraEnv...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	d.e.t.Logf("$ %s\n%s", strings.ReplaceAll(strings.TrimSpace(script), "\n", "\n$ "), d.redact(out.String()))
+	for _, v := range d.e.secrets {
+		if len(v) >= 8 && strings.Contains(out.String(), v) {
+			d.e.t.Errorf("a documented command printed a secret value")
+		}
+	}
+	return out.String(), err
+}
+
+// startDeployments starts raysync, as its pod would run, for every raysync Deployment of ns not started yet:
+// the Deployment's arguments (servers on loopback), its ServiceAccount, POD_NAMESPACE; and records the
+// arguments `kubectl exec deploy/… -- /syncer` gets in the pod.
+func (d *docsShell) startDeployments(ns string) {
+	d.e.t.Helper()
+	deps, err := d.e.Kube.AppsV1().Deployments(ns).List(d.e.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=raysync"})
+	if err != nil {
+		d.e.t.Fatal(err)
+	}
+	for _, dep := range deps.Items {
+		argsFile := filepath.Join(d.dir, dep.Namespace+"."+dep.Name+".args")
+		if _, err := os.Stat(argsFile); err == nil {
+			continue
+		}
+		run, inPod := deploymentArgs(&dep)
+		kubeconfig, _ := d.e.serviceAccountKubeconfig(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)
+		d.e.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + dep.Namespace}, nil, append(run, "--leader-election-retry-period=500ms")...)
+		if err := os.WriteFile(argsFile, []byte(strings.Join(append(inPod, "--kubeconfig="+kubeconfig), "\n")+"\n"), 0o600); err != nil {
+			d.e.t.Fatal(err)
+		}
+	}
+}
+
+// deploymentArgs are the raysync container's arguments as the test runs them (servers the test binds
+// on loopback dropped, the webhook on a free loopback port), and as `syncer` commands inherit them
+// inside the pod (cmd/syncer's withRunningFlags drops the same flags).
+func deploymentArgs(dep *appsv1.Deployment) (run, inPod []string) {
+	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
+		switch {
+		case strings.HasPrefix(a, "--metrics-bind-address"), strings.HasPrefix(a, "--health-probe-bind-address"):
+			continue
+		case strings.HasPrefix(a, "--webhook-addr="):
+			run = append(run, "--webhook-addr=127.0.0.1:0")
+		default:
+			run = append(run, a)
+		}
+		if !strings.HasPrefix(a, "--leader-elect") && !strings.HasPrefix(a, "--metrics-bind-address") && !strings.HasPrefix(a, "--health-probe-bind-address") &&
+			!strings.HasPrefix(a, "--webhook-") && !strings.HasPrefix(a, "--dry-run") {
+			inPod = append(inPod, a)
+		}
+	}
+	return run, inPod
+}
+
+// TestDocsQuickStart runs the README's and docs' quick start (steps 2-5) as written, on a control plane
+// of its own (it uses the docs' namespace names): create the token, helm install, check, compare digests.
+func TestDocsQuickStart(t *testing.T) {
+	if len(controlPlanes) == 0 || controlPlanes[0].External {
+		t.Skip("starts a control plane of its own")
+	}
+	cp, err := framework.Start(context.Background(), framework.Options{KubeRayVersion: controlPlanes[0].KubeRayVersion, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Stop() })
+	env := newEnv(t, cp)
+	sh := newDocsShell(env)
+	// The reader's own namespace with Ray clusters exists already.
+	if _, err := env.Kube.CoreV1().Namespaces().Create(env.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml-team"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	blocks := docsBlocks(t, "getting-started/helm.md", "quickstart")
+	if len(blocks) != 5 {
+		t.Fatalf("the quick start has %d marked blocks, want its 5 steps", len(blocks))
+	}
+	if !docsPublishStep.MatchString(blocks[0]) {
+		t.Fatalf("step 1 no longer publishes to a registry: %s", blocks[0])
+	}
+	// Step 1 is skipped until the real node's registry exists (docsChart).
+	sh.run(blocks[1])
+	src, err := env.Kube.CoreV1().Secrets("raysync").Get(env.ctx, "ray-token", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := env.Secret(string(src.Data["auth_token"]))
+	if len(token) != 64 {
+		t.Fatalf("step 2 wrote a token of %d characters, want 64 hex characters and no newline", len(token))
+	}
+	sh.run(blocks[2])
+	sh.startDeployments("raysync")
+	if out := sh.run(blocks[3]); !strings.Contains(out, "successfully rolled out") || !strings.Contains(out, "raysync/ray-token") {
+		t.Errorf("step 4 printed no rollout and no source:\n%s", out)
+	}
+	// The reader's RayCluster: raysync gives its Secret the canonical token and its digest.
+	rc := env.CreateRayCluster(rayCluster("ml-team", "my-cluster"))
+	env.WaitSecret("ml-team", kuberay.CheckName(rc.GetName()), time.Minute, holds(token))
+	sum := sha256.Sum256([]byte(token))
+	digest := hex.EncodeToString(sum[:8])
+	out := sh.run(blocks[4])
+	if strings.Count(out, digest) != 2 {
+		t.Errorf("step 5 should show the cluster's digest and the canonical token's, both the canonical token's:\n%s", sh.redact(out))
+	}
+}
+
+// TestDocsRotationBlockedRunbook makes a restart block the wave (the restarted cluster's new pods never
+// start), then runs the RaysyncRotationBlocked runbook's commands as written: they name the blocked
+// cluster and show why; once the cause is fixed, the runbook's confirmation passes.
+func TestDocsRotationBlockedRunbook(t *testing.T) {
+	if len(controlPlanes) == 0 || controlPlanes[0].External {
+		t.Skip("needs the harness's control plane")
+	}
+	env := newEnv(t, controlPlanes[0])
+	env.StandIn()
+	rel, src, cns := env.Namespace(), env.Namespace(), env.Namespace()
+	release := "rs-" + rel
+	env.PutSource(src, "ray-token", tokenData(env.NewToken()))
+	set := "authSource.namespace=" + src + ",authSource.name=ray-token,namespaces={" + cns + "},rbac.scope=namespaces,webhook.enabled=false," +
+		"rotation.timeout=10s,rotation.policies.rayCluster=restart"
+	out, err := helm(t, "template", release, chart, "--namespace", rel, "--set", set)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	env.kubectlApply(out)
+	t.Cleanup(func() { env.kubectlDeleteClusterScoped(out) })
+	sh := newDocsShell(env, "NS=raysync RELEASE=raysync", "NS="+rel+" RELEASE="+release+"-raysync")
+	sh.startDeployments(rel)
+
+	env.CreateRayCluster(rayCluster(cns, "batch"))
+	env.WaitPodsReady(cns, kuberay.ClusterLabel+"=batch", 2, time.Minute)
+	// The fault: after the restart's suspend, no new pod of this namespace starts.
+	never := func(v *string) {
+		ns, err := env.Kube.CoreV1().Namespaces().Get(env.ctx, cns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == nil {
+			delete(ns.Annotations, framework.StandInStart)
+		} else {
+			if ns.Annotations == nil {
+				ns.Annotations = map[string]string{}
+			}
+			ns.Annotations[framework.StandInStart] = *v
+		}
+		if _, err := env.Kube.CoreV1().Namespaces().Update(env.ctx, ns, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := "never"
+	never(&n)
+	env.PutSource(src, "ray-token", tokenData(env.NewToken()))
+	env.WaitEvent(cns, "batch", "RotationBlocked", 2*time.Minute)
+
+	// Step 1: the runbook names the blocked cluster; steps 1 and 2a read its Event and its state.
+	rb := docsBlocks(t, "runbooks/raysyncrotationblocked.md", "rotationblocked")
+	// What the reader set at the top of the runbook and in step 1 (each block runs in a shell of its own).
+	vars := []string{"NS=" + rel, "RELEASE=" + release + "-raysync", "CNS=" + cns, "CLUSTER=batch", "OWNER=batch"}
+	if got := sh.run(rb[0], vars...); !strings.Contains(got, cns+" batch RayCluster/batch policy=restart since=") {
+		t.Errorf("step 1 does not name the blocked cluster:\n%s", got)
+	}
+	if got := sh.run(rb[1], vars...); !strings.Contains(got, "RotationBlocked") {
+		t.Errorf("step 1 shows no RotationBlocked Event:\n%s", got)
+	}
+	if got := sh.run(rb[2], vars...); !strings.Contains(got, "Pending") {
+		t.Errorf("step 2a does not show the cluster's new pods waiting:\n%s", got)
+	}
+	// The cause fixed (here: the stand-in starts pods again; KubeRay recreates the ones that waited).
+	never(nil)
+	if err := env.Kube.CoreV1().Pods(cns).DeleteCollection(env.ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=batch"}); err != nil {
+		t.Fatal(err)
+	}
+	confirm := docsBlocks(t, "runbooks/raysyncrotationblocked.md", "rotationblocked-confirm")[0]
+	var last string
+	err = wait.PollUntilContextTimeout(env.ctx, 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+		o, err := sh.try(confirm, vars...)
+		last = o
+		return err == nil && strings.HasPrefix(o, "0\n") && strings.Contains(o, "RotationCompleted"), nil
+	})
+	if err != nil {
+		t.Fatalf("step 4 never confirmed the wave unblocked: %v\n%s", err, sh.redact(last))
+	}
+}

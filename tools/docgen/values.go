@@ -1,0 +1,217 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+const chartDir = "deploy/helm/raysync"
+
+// schema is the part of a JSON schema the values table shows.
+type schema struct {
+	Description string             `json:"description"`
+	Type        any                `json:"type"`
+	Enum        []any              `json:"enum"`
+	Ref         string             `json:"$ref"`
+	AnyOf       []schema           `json:"anyOf"`
+	Const       any                `json:"const"`
+	Properties  map[string]*schema `json:"properties"`
+	Required    []string           `json:"required"`
+}
+
+// valueRow is one line of the values table.
+type valueRow struct {
+	key, typ, def, desc string
+}
+
+// valueRows walks values.yaml in its order, with each key's type and description from the schema. Every
+// key needs a schema property with a description, and every schema property a key: the table is complete.
+func valueRows(root string) ([]valueRow, error) {
+	raw, err := os.ReadFile(filepath.Join(root, chartDir, "values.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	sb, err := os.ReadFile(filepath.Join(root, chartDir, "values.schema.json"))
+	if err != nil {
+		return nil, err
+	}
+	var top schema
+	if err := json.Unmarshal(sb, &top); err != nil {
+		return nil, fmt.Errorf("values.schema.json: %w", err)
+	}
+	var rows []valueRow
+	var walk func(n *yaml.Node, s *schema, prefix string) error
+	walk = func(n *yaml.Node, s *schema, prefix string) error {
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i].Value, n.Content[i+1]
+			key := prefix + k
+			seen[k] = true
+			ps, ok := s.Properties[k]
+			if !ok {
+				return fmt.Errorf("values.yaml has %s, which values.schema.json does not describe", key)
+			}
+			if ps.Description == "" {
+				return fmt.Errorf("values.schema.json: %s has no description", key)
+			}
+			if v.Kind == yaml.MappingNode && len(ps.Properties) > 0 {
+				if err := walk(v, ps, key+"."); err != nil {
+					return err
+				}
+				continue
+			}
+			var val any
+			if err := v.Decode(&val); err != nil {
+				return err
+			}
+			def, _ := json.Marshal(val)
+			rows = append(rows, valueRow{key: key, typ: typeOf(ps), def: string(def), desc: ps.Description})
+		}
+		var missing []string
+		for k := range s.Properties {
+			if !seen[k] {
+				missing = append(missing, prefix+k)
+			}
+		}
+		if len(missing) > 0 {
+			sort.Strings(missing)
+			return fmt.Errorf("values.schema.json describes %s, which values.yaml does not have", strings.Join(missing, ", "))
+		}
+		return nil
+	}
+	if err := walk(doc.Content[0], &top, ""); err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+func typeOf(s *schema) string {
+	switch {
+	case len(s.Enum) > 0:
+		var vs []string
+		for _, e := range s.Enum {
+			vs = append(vs, fmt.Sprintf("`%v`", e))
+		}
+		return "one of " + strings.Join(vs, ", ")
+	case s.Ref != "":
+		return map[string]string{
+			"#/definitions/namespacedName": "NAMESPACE/NAME",
+			"#/definitions/namespace":      "namespace",
+			"#/definitions/duration":       "duration",
+		}[s.Ref]
+	case len(s.AnyOf) > 0:
+		var vs []string
+		for _, a := range s.AnyOf {
+			t := typeOf(&a)
+			switch c := a.Const.(type) {
+			case nil:
+			case string:
+				t = fmt.Sprintf("`%q`", c)
+			default:
+				t = fmt.Sprintf("`%v`", c)
+			}
+			if t != "" && !contains(vs, t) {
+				vs = append(vs, t)
+			}
+		}
+		return strings.Join(vs, " or ")
+	}
+	switch t := s.Type.(type) {
+	case string:
+		return t
+	case []any:
+		var vs []string
+		for _, x := range t {
+			vs = append(vs, fmt.Sprint(x))
+		}
+		return strings.Join(vs, " or ")
+	}
+	return ""
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func valuesTable(rows []valueRow) string {
+	var b strings.Builder
+	b.WriteString("| key | type | default | description |\n|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| `%s` | %s | `%s` | %s |\n", r.key, cell(r.typ), cell(r.def), cell(r.desc))
+	}
+	return b.String()
+}
+
+const overrides = `**Where one value overrides others**
+
+- ` + "`gateway.enabled: true`" + ` replaces ` + "`rotation.policies`" + `: ` + "`gateway.rotationPolicy`" + ` (default ` + "`gateway`" + `: a rotation moves no
+  cluster) becomes the policy of every owner kind. The annotation ` + "`raysync.dev/rotation`" + ` on a cluster overrides both.
+- ` + "`webhook.certManager.enabled: true`" + ` makes ` + "`webhook.certValidity`" + ` and ` + "`webhook.ips`" + ` unused (cert-manager issues the certificate).
+- ` + "`dryRun: true`" + ` serves no webhook, whatever ` + "`webhook.enabled`" + ` says.
+- ` + "`rbac.scope`" + ` empty follows the scope: namespaced Roles for ` + "`namespaces`" + `, a ClusterRole for ` + "`allNamespaces`" + `.
+`
+
+func valuesPage(root string) ([]byte, error) {
+	rows, err := valueRows(root)
+	if err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	b.WriteString(header)
+	b.WriteString("# Chart values\n\nThe values of the `raysync` chart, in `values.yaml`'s order, with their types and descriptions from\n`values.schema.json` (which also rejects values raysync would refuse). Required: `authSource.namespace`,\n`authSource.name`, and a scope (`namespaces` or `allNamespaces`); everything optional is off or safe by default.\n\n")
+	b.WriteString(overrides + "\n")
+	b.WriteString(valuesTable(rows))
+	return []byte(b.String()), nil
+}
+
+func chartReadme(root string) ([]byte, error) {
+	rows, err := valueRows(root)
+	if err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	b.WriteString(header)
+	b.WriteString(`# raysync chart
+
+One canonical Ray auth token, registry pull secrets and autoscaler client TLS for every RayCluster run by stock
+KubeRay (v1.5.1, v1.6.1). Documentation: https://github.com/raysync/raysync/tree/main/docs (start with
+getting-started/helm.md; every alert's runbook is in runbooks/).
+
+## Install
+
+Only the source and a scope are required; pull secrets, autoscaler TLS, the ServiceMonitor, the PrometheusRule
+and the gateway are off by default. Until an official registry exists, publish the image and this chart to your
+own (see the quick start) and install from it:
+
+` + "```sh" + `
+helm install raysync oci://registry.example.com/platform/charts/raysync --version 0.2.0 -n raysync --create-namespace \
+  --set image.repository=registry.example.com/platform/raysync \
+  --set authSource.namespace=raysync,authSource.name=ray-token \
+  --set 'namespaces={ml-team}'
+kubectl -n raysync exec deploy/raysync -- /syncer status
+` + "```" + `
+
+Upgrading: read CHANGELOG.md, and use ` + "`--reset-then-reuse-values`" + ` or ` + "`-f`" + ` your values, not ` + "`--reuse-values`" + `.
+
+## Values
+
+`)
+	b.WriteString(overrides + "\n")
+	b.WriteString(valuesTable(rows))
+	return []byte(b.String()), nil
+}
