@@ -195,7 +195,7 @@ func (b *bench) gatewayBench(rate int, each time.Duration) gatewayResult {
 	// Ray Client: one bidirectional stream of 64 KiB messages for `each`, echoed by the upstream.
 	echo, stopEcho := h2cEcho()
 	defer stopEcho()
-	cAddr, stopC := serveLocal(gatewayDialing(echo, b.ns).Client(), true)
+	cAddr, stopC := serveClient(gatewayDialing(echo, b.ns))
 	defer stopC()
 	r.GRPCDirectMBs = streamMBs(echo, "c1-gw."+b.ns+":10001", "Bearer "+string(clusterTok), each)
 	r.GRPCGatewayMBs = streamMBs(cAddr, "c1-gw."+b.ns+":10001", "Bearer "+gatewayToken, each)
@@ -304,6 +304,15 @@ func gatewayDialing(addr, ns string) *gateway.Gateway {
 		}})
 	g.SetTable(benchTable(ns, 10))
 	return g
+}
+
+// serveClient serves g's Ray Client relay on a loopback port and returns its address.
+func serveClient(g *gateway.Gateway) (addr string, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	srv := g.ClientServer()
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }
 }
 
 // serveLocal serves h on a loopback port (HTTP/2 without TLS when h2c) and returns its address.
