@@ -314,3 +314,18 @@ func TestStreamsAreObservedAtTheirHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestRayServesWithoutToken: the gateway's decision on each of Ray's open-path cases, made on the
+// path as Go's server parses the request target (decoded, not normalised) — the cases e2e checks
+// against real Ray.
+func TestRayServesWithoutToken(t *testing.T) {
+	for _, c := range RayOpenPathCases {
+		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader("GET " + c.Target + " HTTP/1.1\r\nHost: x\r\n\r\n")))
+		if err != nil {
+			t.Fatalf("%s: %v", c.Target, err)
+		}
+		if got := RayServesWithoutToken(req.URL.Path); got != c.Open {
+			t.Errorf("%s (path %q): served without a token: %v, Ray: %v", c.Target, req.URL.Path, got, c.Open)
+		}
+	}
+}

@@ -31,7 +31,7 @@ type Limits struct {
 // DefaultLimits are the limits of `syncer gateway` unless flags say otherwise.
 func DefaultLimits() Limits {
 	return Limits{HeaderTimeout: 10 * time.Second, BodyTimeout: 5 * time.Minute, IdleTimeout: 2 * time.Minute,
-		MaxHeaderBytes: 64 << 10, MaxBodyBytes: MaxDashboardBody, MaxConnections: 1024}
+		MaxHeaderBytes: 64 << 10, MaxBodyBytes: MaxDashboardBody, MaxConnections: 512}
 }
 
 func (l Limits) withDefaults() Limits {

@@ -57,3 +57,42 @@ func RayServesWithoutToken(path string) bool {
 	}
 	return false
 }
+
+// RayOpenPathCases are request targets as a client sends them, and whether Ray 2.60's dashboard
+// serves each without a token. RayServesWithoutToken is tested against them here, and e2e checks them
+// against real Ray (TestRealRayThroughTheGateway): every row is one Ray and the gateway must agree on.
+var RayOpenPathCases = []struct {
+	Target string
+	Open   bool
+}{
+	{"/", true},
+	{"/favicon.ico", true},
+	{"/api/authentication_mode", true},
+	{"/api/authenticate", true}, // GET: Ray answers 405, not 401
+	{"/api/healthz", true},
+	{"/api/gcs_healthz", true},
+	{"/api/local_raylet_healthz", true},
+	{"/-/healthz", true},
+	{"/static/", true},
+	{"/static/css/nothing-here.css", true},
+	{"/%73tatic/css/nothing-here.css", true}, // Ray decodes before it compares
+	{"/static/../api/jobs/", true},           // open to the token check; Ray's path cleaning refuses it
+	{"/static/..%2fapi/jobs/", true},
+	{"/static/%2e%2e/api/jobs/", true},
+	{"/static/%2e%2e%2fapi%2fjobs%2f", true},
+	{"/api/jobs/", false},
+	{"/api/version", false},
+	{"/api/serve/applications/", false},
+	{"/api/jobs/%2e%2e/healthz", false}, // not normalised: never /api/healthz
+	{"/%61pi/jobs/", false},
+	{"/static", false},
+	{"/STATIC/css/x.css", false},
+	{"//static/css/x.css", false},
+	{"/./static/css/x.css", false},
+	{"/api/healthz/", false},
+	{"/api/healthz%2f", false},
+	{"/favicon.ico/", false},
+	{"/logs/", false},
+	{"/nodes", false},
+	{"/index.html", false},
+}

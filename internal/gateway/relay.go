@@ -59,6 +59,16 @@ const (
 
 var errProtocol = errors.New("HTTP/2 protocol error")
 
+// relayBuffer is each direction's read and write buffer once a connection is admitted: a 64 KiB
+// message passes in one read and one write.
+const relayBuffer = 64 << 10
+
+// peekAll takes what br holds already.
+func peekAll(br *bufio.Reader) []byte {
+	b, _ := br.Peek(br.Buffered())
+	return append([]byte(nil), b...)
+}
+
 type frameHeader struct {
 	length uint32
 	typ    byte
@@ -223,6 +233,7 @@ type relay struct {
 	mu        sync.Mutex
 	streams   map[uint32]*relayStream // the streams forwarded and not over: nothing of any other goes to the head
 	lastID    uint32                  // the highest stream the client opened
+	opened    bool                    // the head is dialled and the pumps run
 	draining  bool
 	idle      *time.Timer
 	closeOnce sync.Once
@@ -261,7 +272,8 @@ func (s *streamRecord) end() {
 }
 
 func (g *Gateway) newRelay(c net.Conn) *relay {
-	r := &relay{g: g, client: c, cr: bufio.NewReaderSize(c, 64<<10), cw: bufio.NewWriterSize(c, 64<<10),
+	// Small buffers until a stream is admitted: an unauthenticated connection costs little.
+	r := &relay{g: g, client: c, cr: bufio.NewReaderSize(c, 4<<10), cw: bufio.NewWriterSize(c, 4<<10),
 		streams: map[uint32]*relayStream{}}
 	r.cenc = hpack.NewEncoder(&r.cbuf)
 	r.cenc.SetMaxDynamicTableSizeLimit(0)
@@ -295,6 +307,17 @@ func (r *relay) run() {
 		return
 	}
 	_ = r.client.SetReadDeadline(time.Time{})
+	r.cwmu.Lock()
+	r.cr = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(peekAll(r.cr)), r.client), relayBuffer)
+	r.cw = bufio.NewWriterSize(r.client, relayBuffer)
+	r.cwmu.Unlock()
+	r.mu.Lock()
+	r.opened = true
+	draining := r.draining
+	r.mu.Unlock()
+	if draining {
+		r.drain()
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- r.fromClient() }()
 	go func() { errc <- r.fromHead() }()
@@ -332,9 +355,11 @@ func (r *relay) close() {
 func (r *relay) drain() {
 	r.mu.Lock()
 	r.draining = true
-	last, open := r.lastID, len(r.streams)
+	last, open, opened := r.lastID, len(r.streams), r.opened
 	r.mu.Unlock()
-	r.writeClient(func(b []byte) []byte { return appendGoAway(b, last, errCodeNo) })
+	if opened {
+		r.writeClient(func(b []byte) []byte { return appendGoAway(b, last, errCodeNo) })
+	}
 	if open == 0 {
 		r.close()
 	}
@@ -550,7 +575,7 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 			a.result, a.grpcCode, a.message = UpstreamError, grpcUnavailable, "raysync gateway: the cluster did not answer"
 			rec.result = UpstreamError
 		} else {
-			r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, 64<<10), bufio.NewWriterSize(up, 64<<10)
+			r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayBuffer)
 		}
 	}
 	if a.result != "" {
@@ -566,7 +591,7 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 	r.mu.Unlock()
 	_, _ = r.uw.WriteString(clientPreface)
 	_, _ = r.uw.Write(pending)
-	if err := r.forwardHeaders(first, fields, a.authority); err != nil {
+	if err := r.forwardHeaders(first, fields, true); err != nil {
 		return false
 	}
 	return r.uw.Flush() == nil
@@ -639,9 +664,9 @@ func (r *relay) writeClient(add func([]byte) []byte) {
 	_ = r.cw.Flush()
 }
 
-// forwardHeaders sends a client's request headers on to the head: every client credential replaced
-// by the cluster's token, the authority by the head's address.
-func (r *relay) forwardHeaders(b headerBlock, fields []hpack.HeaderField, authority string) error {
+// forwardHeaders sends a client's header block on to the head without any client credential; a
+// request's gets the cluster's token, and the head's address as its authority.
+func (r *relay) forwardHeaders(b headerBlock, fields []hpack.HeaderField, request bool) error {
 	r.ubuf.Reset()
 	for _, f := range fields {
 		switch f.Name {
@@ -656,7 +681,9 @@ func (r *relay) forwardHeaders(b headerBlock, fields []hpack.HeaderField, author
 		}
 		_ = r.uenc.WriteField(f)
 	}
-	_ = r.uenc.WriteField(hpack.HeaderField{Name: "authorization", Value: bearerPrefix + string(r.target.token), Sensitive: true})
+	if request {
+		_ = r.uenc.WriteField(hpack.HeaderField{Name: "authorization", Value: bearerPrefix + string(r.target.token), Sensitive: true})
+	}
 	flags := byte(0)
 	if b.endStream {
 		flags = flagEndStream
@@ -772,7 +799,7 @@ func (r *relay) clientHeaders(h frameHeader) error {
 		if b.endStream {
 			r.streamSideEnded(b.stream, true, false)
 		}
-		return r.forwardHeaders(b, fields, r.authority)
+		return r.forwardHeaders(b, fields, false)
 	case !isNew && b.stream%2 == 1:
 		return nil // trailers of a stream the gateway answered, or one over
 	case b.stream%2 == 0:
@@ -801,7 +828,7 @@ func (r *relay) clientHeaders(h frameHeader) error {
 		r.idle.Stop()
 	}
 	r.mu.Unlock()
-	return r.forwardHeaders(b, fields, a.authority)
+	return r.forwardHeaders(b, fields, true)
 }
 
 // streamSideEnded notes one side of a stream ending (or the stream reset); a stream both sides
