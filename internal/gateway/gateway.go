@@ -109,7 +109,10 @@ func New(o Options) *Gateway {
 }
 
 // SetTable makes t the table every new request is answered from.
-func (g *Gateway) SetTable(t *Table) { g.table.Store(t) }
+func (g *Gateway) SetTable(t *Table) {
+	t.prepare()
+	g.table.Store(t)
+}
 
 // Ready reports whether a table was loaded: before it, every request is refused (never forwarded).
 func (g *Gateway) Ready() bool { return g.table.Load() != nil }
