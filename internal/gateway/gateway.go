@@ -236,7 +236,10 @@ func (g *Gateway) serveDashboard(w *recorder, r *http.Request) {
 	if ok {
 		cred = t.accepts(token, g.opts.Now())
 	}
-	if cred == None && !open {
+	// Without an accepted credential only what Ray serves without a token is forwarded, and never a
+	// body: none of those paths takes one (the login, which does, is answered here), and a stranger's
+	// body is never read.
+	if cred == None && (!open || r.ContentLength != 0) {
 		w.refuseAsRay(r, present)
 		return
 	}

@@ -218,9 +218,10 @@ func TestOnlyTokenRefusalsCountAsUpstreamAuthFailures(t *testing.T) {
 func TestSlowClientsHoldNothing(t *testing.T) {
 	h := newHarness(t, testTable())
 	for name, request := range map[string]string{
-		"an unauthenticated POST that never sends its body": "POST /api/jobs/ HTTP/1.1\r\nHost: svc-gw.ml\r\nContent-Length: 1000\r\n\r\n",
-		"a wrong token, a body announced and never sent":    "PUT /api/packages/x HTTP/1.1\r\nHost: svc-gw.ml\r\nAuthorization: Bearer wrong\r\nContent-Length: 100\r\n\r\n",
-		"an unknown address, a body announced, chunked":     "POST /api/jobs/ HTTP/1.1\r\nHost: nope-gw.ml\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"an unauthenticated POST that never sends its body":   "POST /api/jobs/ HTTP/1.1\r\nHost: svc-gw.ml\r\nContent-Length: 1000\r\n\r\n",
+		"a wrong token, a body announced and never sent":      "PUT /api/packages/x HTTP/1.1\r\nHost: svc-gw.ml\r\nAuthorization: Bearer wrong\r\nContent-Length: 100\r\n\r\n",
+		"an unknown address, a body announced, chunked":       "POST /api/jobs/ HTTP/1.1\r\nHost: nope-gw.ml\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"a path Ray serves without a token, a body announced": "POST /static/js/main.js HTTP/1.1\r\nHost: svc-gw.ml\r\nContent-Length: 10\r\n\r\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", h.dash.Listener.Addr().String())
