@@ -97,7 +97,8 @@ func New(o Options) *Gateway {
 	o.Limits = o.Limits.withDefaults()
 	g := &Gateway{opts: o}
 	// 8265 is HTTP/1.1 upstream: websocket upgrades (the job log tail) need it.
-	h1 := &http.Transport{Proxy: o.Proxy, DialContext: o.Dial, MaxIdleConnsPerHost: 64,
+	// The heads are plain HTTP: TLSClientConfig is only ever the https:// proxy's, as for the tunnel.
+	h1 := &http.Transport{Proxy: o.Proxy, DialContext: o.Dial, MaxIdleConnsPerHost: 64, TLSClientConfig: o.ProxyTLS,
 		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 0, ForceAttemptHTTP2: false}
 	h1.Protocols = new(http.Protocols)
 	h1.Protocols.SetHTTP1(true)

@@ -3,10 +3,13 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"testing"
 	"time"
@@ -101,5 +104,59 @@ func TestTunnelEndsWhenItsContextDoes(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second): // generous: the cancellation ends it at once
 		t.Fatal("the CONNECT is still waiting for the proxy after its context was cancelled")
+	}
+}
+
+// TestTunnelSpeaksTLSToAnHTTPSProxy: an https:// proxy is reached over TLS (its certificate checked
+// against ProxyTLS, or the system's roots), and the CONNECT goes inside.
+func TestTunnelSpeaksTLSToAnHTTPSProxy(t *testing.T) {
+	proxy := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect || r.Host != "head-svc.ml.svc.cluster.local:10001" {
+			http.Error(w, "not a CONNECT", http.StatusBadRequest)
+			return
+		}
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = conn.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+		line, _ := buf.ReadString('\n')
+		_, _ = conn.Write([]byte("echo " + line))
+	}))
+	proxy.StartTLS()
+	t.Cleanup(proxy.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(proxy.Certificate())
+	u, _ := url.Parse(proxy.URL) // https://127.0.0.1:port
+	g := New(Options{Proxy: func(*http.Request) (*url.URL, error) { return u, nil }, ProxyTLS: &tls.Config{RootCAs: roots}})
+	conn, err := g.tunnel(context.Background(), "tcp", "head-svc.ml.svc.cluster.local:10001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = conn.Write([]byte("ping\n"))
+	got, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || got != "echo ping\n" {
+		t.Errorf("through the tunnel: %q %v", got, err)
+	}
+	// Without the proxy's CA the tunnel is refused, not made in the clear.
+	g = New(Options{Proxy: func(*http.Request) (*url.URL, error) { return u, nil }})
+	if c, err := g.tunnel(context.Background(), "tcp", "head-svc.ml.svc.cluster.local:10001"); err == nil {
+		c.Close()
+		t.Error("a tunnel through a proxy whose certificate is not trusted")
+	}
+}
+
+// TestTunnelRefusesOtherProxySchemes: a socks5:// proxy is not silently spoken to as HTTP.
+func TestTunnelRefusesOtherProxySchemes(t *testing.T) {
+	dialled := false
+	g := tunnelVia("socks5://127.0.0.1:1080", func(context.Context, string, string) (net.Conn, error) {
+		dialled = true
+		return nil, errors.New("no")
+	})
+	if _, err := g.tunnel(context.Background(), "tcp", "head-svc.ml.svc.cluster.local:10001"); err == nil || dialled {
+		t.Errorf("socks5 proxy: %v, dialled %v; want refused before dialling", err, dialled)
 	}
 }
