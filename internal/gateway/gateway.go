@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,10 +105,18 @@ func New(o Options) *Gateway {
 	h1.Protocols.SetHTTP1(true)
 	// FlushInterval 0: a response with a length is written once; ReverseProxy flushes streaming ones
 	// (no length, text/event-stream) after every write regardless, and upgrades are raw.
-	g.dashboard = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h1,
+	g.dashboard = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h1, BufferPool: copyBuffers{},
 		ModifyResponse: g.dashboardResponse, ErrorHandler: g.upstreamFailed}
 	return g
 }
+
+// copyBuffers lends ReverseProxy its 32 KiB copy buffers instead of allocating one per request.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
 // SetTable makes t the table every new request is answered from.
 func (g *Gateway) SetTable(t *Table) {
