@@ -170,7 +170,7 @@ func (s *ClientServer) Shutdown(ctx context.Context) error {
 		s.ln.Close()
 	}
 	for r := range s.relays {
-		r.drain()
+		go r.drain() // a client that does not read must not hold the others, nor Close
 	}
 	if len(s.relays) == 0 {
 		s.closeDone()
