@@ -221,8 +221,9 @@ type relay struct {
 	ubuf bytes.Buffer
 	udec *hpack.Decoder // the head's header blocks (read by the head's pump only)
 
-	authority string   // the first stream's, which every stream of the connection must name
-	target    upstream // where the connection goes, with which token
+	authority   string   // the first stream's, which every stream of the connection must name
+	target      upstream // where the connection goes, with which token
+	ownSettings int      // SETTINGS the gateway sent the client itself, whose ACKs it drops (client's pump only)
 
 	// What each peer accepts, learnt from the SETTINGS passing through.
 	clientMaxFrame atomic.Uint32 // the client's SETTINGS_MAX_FRAME_SIZE: frames the gateway writes to it
@@ -384,6 +385,11 @@ func (r *relay) handshake() (pending []byte, first headerBlock, err error) {
 	if string(preface) != clientPreface {
 		return nil, first, errors.New("not an HTTP/2 connection preface")
 	}
+	// The server's preface at once, without a head yet: clients (gRPC's C core) wait for it before
+	// their first call. Empty, it changes no default, so the head's own SETTINGS, passed on later,
+	// start from the same state; the client's ACK of this one is the gateway's to drop.
+	r.writeClient(func(b []byte) []byte { return appendFrameHeader(b, frameHeader{typ: frameSettings}) })
+	r.ownSettings++
 	var hb [9]byte
 	limit := r.g.opts.Limits.MaxHeaderBytes
 	for {
@@ -403,7 +409,11 @@ func (r *relay) handshake() (pending []byte, first headerBlock, err error) {
 			if _, err := io.ReadFull(r.cr, payload); err != nil {
 				return nil, first, err
 			}
-			if h.typ == frameSettings && h.flags&flagAck == 0 {
+			switch {
+			case h.typ == frameSettings && h.flags&flagAck != 0 && r.ownSettings > 0:
+				r.ownSettings-- // the ACK of the gateway's own SETTINGS
+				continue
+			case h.typ == frameSettings && h.flags&flagAck == 0:
 				r.noteSettings(payload, &r.clientMaxFrame, &r.clientTable)
 			}
 			pending = append(appendFrameHeader(pending, h), payload...)
@@ -601,8 +611,7 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 // the acknowledgement of the client's, the stream's status, and GOAWAY; then the connection ends.
 func (r *relay) answerAlone(stream uint32, code int, msg string) {
 	r.writeClient(func(b []byte) []byte {
-		b = appendFrameHeader(b, frameHeader{typ: frameSettings})
-		b = appendFrameHeader(b, frameHeader{typ: frameSettings, flags: flagAck})
+		b = appendFrameHeader(b, frameHeader{typ: frameSettings, flags: flagAck}) // the client's, as no head will
 		b = r.appendStatus(b, stream, code, msg)
 		return appendGoAway(b, stream, errCodeNo)
 	})
@@ -714,6 +723,13 @@ func (r *relay) fromClient() error {
 		case frameContinuation, framePushPromise:
 			return errProtocol
 		case frameSettings:
+			if h.flags&flagAck != 0 && r.ownSettings > 0 {
+				r.ownSettings-- // the ACK of the gateway's own SETTINGS
+				if _, err := r.cr.Discard(int(h.length)); err != nil {
+					return err
+				}
+				continue
+			}
 			if h.flags&flagAck == 0 {
 				if h.length > 1<<12 {
 					return errProtocol

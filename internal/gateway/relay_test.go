@@ -269,3 +269,65 @@ func TestRayClientDrain(t *testing.T) {
 		t.Error("a new connection was accepted after shutdown")
 	}
 }
+
+// TestRayClientGetsTheServerPrefaceFirst: gRPC's C core (Ray Client's Python side) waits for the
+// server's SETTINGS before its first call, which tells the gateway where to go: the gateway sends
+// its own at once, then passes the head's on, and the client's ACK of the gateway's never reaches
+// the head (Go's and gRPC's servers close a connection on an ACK of SETTINGS they never sent).
+func TestRayClientGetsTheServerPrefaceFirst(t *testing.T) {
+	h := newHarness(t, testTable())
+	conn, err := net.Dial("tcp", h.clientAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, http2.ClientPreface)
+	fr := http2.NewFramer(conn, conn)
+	_ = fr.WriteSettings()
+	f, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatalf("no server preface before the first call: %v", err)
+	}
+	if s, ok := f.(*http2.SettingsFrame); !ok || s.IsAck() {
+		t.Fatalf("first frame %v, want the server's SETTINGS", f)
+	}
+	_ = fr.WriteSettingsAck()
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/ray.rpc.RayletDriver/GetObject"},
+		{":authority", "svc-gw.ml:10001"}, {"content-type", "application/grpc"}, {"te", "trailers"},
+		{"authorization", "Bearer " + string(clientCurrent)}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true})
+	_ = fr.WriteData(1, true, frame([]byte("x")))
+	var status string
+	dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) {
+		if f.Name == "grpc-status" {
+			status = f.Value
+		}
+	})
+	acks := 0
+	for status == "" {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the call got no status: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			_, _ = dec.Write(f.HeaderBlockFragment())
+		case *http2.SettingsFrame:
+			if f.IsAck() {
+				acks++
+			} else {
+				_ = fr.WriteSettingsAck() // the head's
+			}
+		case *http2.GoAwayFrame:
+			t.Fatalf("GOAWAY %v", f.ErrCode)
+		}
+	}
+	if status != "0" || acks != 1 {
+		t.Errorf("grpc-status %s, %d SETTINGS ACKs (want 0 and the head's one ACK of the client's SETTINGS)", status, acks)
+	}
+}
