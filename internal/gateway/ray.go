@@ -4,7 +4,7 @@ import "strings"
 
 // What Ray 2.60 does, read from its wheel (ray/dashboard/http_server_head.py,
 // ray/_private/authentication/http_token_authentication.py and grpc_authentication_server_interceptor.py,
-// ray/_private/ray_constants.py) and checked against real Ray in e2e (TestGatewayOpenPathsMatchRealRay).
+// ray/_private/ray_constants.py) and checked against real Ray in e2e (TestRealRayThroughTheGateway).
 
 // What Ray reads a client's token from: the HTTP middleware takes Authorization, then
 // X-Ray-Authorization, then the cookie; Ray Client's gRPC interceptor only the authorization
