@@ -61,7 +61,7 @@ var errProtocol = errors.New("HTTP/2 protocol error")
 
 // relayBuffer is each direction's read and write buffer once a connection is admitted: a 64 KiB
 // message passes in one read and one write.
-const relayBuffer = 64 << 10
+var relayBuffer = 64 << 10
 
 // peekAll takes what br holds already.
 func peekAll(br *bufio.Reader) []byte {
