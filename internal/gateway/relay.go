@@ -59,9 +59,14 @@ const (
 
 var errProtocol = errors.New("HTTP/2 protocol error")
 
-// relayBuffer is each direction's read and write buffer once a connection is admitted: a 64 KiB
-// message passes in one read and one write.
-var relayBuffer = 64 << 10
+// relayBuffer is each direction's read buffer once a connection is admitted: the frames that pass
+// through unchanged are written from it as they arrived, whole runs of them in one write, so a
+// 64 KiB message costs one read and one write. relayWriteBuffer holds what the gateway writes itself
+// (header blocks, settings).
+var (
+	relayBuffer      = 128 << 10
+	relayWriteBuffer = 16 << 10
+)
 
 // peekAll takes what br holds already.
 func peekAll(br *bufio.Reader) []byte {
@@ -80,8 +85,7 @@ func readFrameHeader(r *bufio.Reader, buf *[9]byte) (frameHeader, error) {
 	if _, err := io.ReadFull(r, buf[:]); err != nil {
 		return frameHeader{}, err
 	}
-	return frameHeader{length: uint32(buf[0])<<16 | uint32(buf[1])<<8 | uint32(buf[2]), typ: buf[3], flags: buf[4],
-		stream: binary.BigEndian.Uint32(buf[5:]) & (1<<31 - 1)}, nil
+	return parseFrameHeader(buf[:]), nil
 }
 
 func appendFrameHeader(b []byte, h frameHeader) []byte {
@@ -310,7 +314,7 @@ func (r *relay) run() {
 	_ = r.client.SetReadDeadline(time.Time{})
 	r.cwmu.Lock()
 	r.cr = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(peekAll(r.cr)), r.client), relayBuffer)
-	r.cw = bufio.NewWriterSize(r.client, relayBuffer)
+	r.cw = bufio.NewWriterSize(r.client, relayWriteBuffer)
 	r.cwmu.Unlock()
 	r.mu.Lock()
 	r.opened = true
@@ -585,7 +589,7 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 			a.result, a.grpcCode, a.message = UpstreamError, grpcUnavailable, "raysync gateway: the cluster did not answer"
 			rec.result = UpstreamError
 		} else {
-			r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayBuffer)
+			r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayWriteBuffer)
 		}
 	}
 	if a.result != "" {
@@ -704,11 +708,36 @@ func (r *relay) forwardHeaders(b headerBlock, fields []hpack.HeaderField, reques
 // fromClient passes the client's frames to the head until either side ends.
 func (r *relay) fromClient() error {
 	var hb [9]byte
+	passable := func(h frameHeader) bool {
+		switch h.typ {
+		case framePing, frameGoAway:
+			return true
+		case frameData, frameWindowUpdate, frameRSTStream, framePriority:
+			return h.stream == 0 || r.forwarding(h.stream)
+		}
+		return false
+	}
 	for {
 		if r.cr.Buffered() == 0 {
 			if err := r.uw.Flush(); err != nil {
 				return err
 			}
+		}
+		n, ended, err := runOfFrames(r.cr, passable)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			if err := r.uw.Flush(); err != nil { // what the slow path left goes first
+				return err
+			}
+			if err := writeRun(r.up, r.cr, n); err != nil {
+				return err
+			}
+			for _, e := range ended {
+				r.streamSideEnded(e.stream, true, e.reset)
+			}
+			continue
 		}
 		h, err := readFrameHeader(r.cr, &hb)
 		if err != nil {
@@ -759,6 +788,62 @@ func (r *relay) fromClient() error {
 			return err
 		}
 	}
+}
+
+// streamEnd is a stream side ended by a frame a run passed on.
+type streamEnd struct {
+	stream uint32
+	reset  bool
+}
+
+// runOfFrames waits for data from br and measures the run of whole frames at the start of its
+// buffer that pass through unchanged (passable), n bytes, with the stream sides they end. n is 0
+// when the first frame needs handling, or is larger than the buffer.
+func runOfFrames(br *bufio.Reader, passable func(frameHeader) bool) (n int, ended []streamEnd, err error) {
+	for {
+		if br.Buffered() < 9 {
+			if _, err := br.Peek(9); err != nil {
+				return 0, nil, err
+			}
+		}
+		buf, _ := br.Peek(br.Buffered())
+		for len(buf)-n >= 9 {
+			h := parseFrameHeader(buf[n:])
+			size := 9 + int(h.length)
+			if size > len(buf)-n || !passable(h) {
+				break
+			}
+			if h.typ == frameRSTStream || h.typ == frameData && h.flags&flagEndStream != 0 {
+				ended = append(ended, streamEnd{h.stream, h.typ == frameRSTStream})
+			}
+			n += size
+		}
+		if n > 0 || len(buf) < 9 {
+			return n, ended, nil
+		}
+		// The first frame passes but has not all arrived: wait for it if the buffer can hold it.
+		h := parseFrameHeader(buf)
+		if size := 9 + int(h.length); !passable(h) || size > br.Size() {
+			return 0, nil, nil
+		} else if _, err := br.Peek(size); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// writeRun writes the n bytes at the start of br's buffer to w as they are, without copying them.
+func writeRun(w io.Writer, br *bufio.Reader, n int) error {
+	b, _ := br.Peek(n)
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	_, err := br.Discard(n)
+	return err
+}
+
+func parseFrameHeader(b []byte) frameHeader {
+	return frameHeader{length: uint32(b[0])<<16 | uint32(b[1])<<8 | uint32(b[2]), typ: b[3], flags: b[4],
+		stream: binary.BigEndian.Uint32(b[5:9]) & (1<<31 - 1)}
 }
 
 // pass copies one frame as it came.
@@ -900,7 +985,33 @@ func (r *relay) armIdle() {
 // fromHead passes the head's frames to the client until either side ends.
 func (r *relay) fromHead() error {
 	var hb [9]byte
+	passable := func(h frameHeader) bool {
+		switch h.typ {
+		case frameData, frameWindowUpdate, frameRSTStream, framePriority, framePing, frameGoAway:
+			return true
+		}
+		return false
+	}
 	for {
+		n, ended, err := runOfFrames(r.ur, passable)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			r.cwmu.Lock()
+			err := r.cw.Flush() // what the slow path left goes first
+			if err == nil {
+				err = writeRun(r.client, r.ur, n)
+			}
+			r.cwmu.Unlock()
+			if err != nil {
+				return err
+			}
+			for _, e := range ended {
+				r.streamSideEnded(e.stream, false, e.reset)
+			}
+			continue
+		}
 		h, err := readFrameHeader(r.ur, &hb)
 		if err != nil {
 			return err
