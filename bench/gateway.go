@@ -44,6 +44,12 @@ type gatewayResult struct {
 	RSS1000MiB     float64 `json:"peak_rss_1000_routes_mib"`
 	GRPCDirectMBs  float64 `json:"grpc_direct_mb_per_s"`
 	GRPCGatewayMBs float64 `json:"grpc_gateway_mb_per_s"`
+	// The same stream through a bare TCP relay (io.Copy both ways): what any hop costs here.
+	GRPCRelayMBs float64 `json:"grpc_tcp_relay_mb_per_s"`
+	// Pipelined: the client keeps sending while it reads the echoes (a bulk transfer).
+	GRPCDirectPipelinedMBs  float64 `json:"grpc_direct_pipelined_mb_per_s"`
+	GRPCGatewayPipelinedMBs float64 `json:"grpc_gateway_pipelined_mb_per_s"`
+	GRPCRelayPipelinedMBs   float64 `json:"grpc_tcp_relay_pipelined_mb_per_s"`
 }
 
 const gatewayToken = "bench-client-token-0123456789abcdef"
@@ -192,14 +198,99 @@ func (b *bench) gatewayBench(rate int, each time.Duration) gatewayResult {
 		p.stop()
 	}
 
-	// Ray Client: one bidirectional stream of 64 KiB messages for `each`, echoed by the upstream.
+	// Ray Client: one bidirectional stream of 64 KiB messages, echoed by the upstream: each message
+	// after the previous echo (latency-bound), then pipelined; direct, through the gateway's relay and
+	// through a bare TCP relay. In halves, interleaved.
 	echo, stopEcho := h2cEcho()
 	defer stopEcho()
-	cAddr, stopC := serveLocal(gatewayDialing(echo, b.ns).Client(), true)
+	cAddr, stopC := serveClient(gatewayDialing(echo, b.ns))
 	defer stopC()
-	r.GRPCDirectMBs = streamMBs(echo, "c1-gw."+b.ns+":10001", "Bearer "+string(clusterTok), each)
-	r.GRPCGatewayMBs = streamMBs(cAddr, "c1-gw."+b.ns+":10001", "Bearer "+gatewayToken, each)
+	rAddr, stopR := tcpRelay(echo)
+	defer stopR()
+	authority := "c1-gw." + b.ns + ":10001"
+	for range 2 {
+		r.GRPCDirectMBs += streamMBs(echo, authority, "Bearer "+string(clusterTok), each/4) / 2
+		r.GRPCGatewayMBs += streamMBs(cAddr, authority, "Bearer "+gatewayToken, each/4) / 2
+		r.GRPCRelayMBs += streamMBs(rAddr, authority, "Bearer "+string(clusterTok), each/4) / 2
+		r.GRPCDirectPipelinedMBs += pipelinedMBs(echo, authority, "Bearer "+string(clusterTok), each/4) / 2
+		r.GRPCGatewayPipelinedMBs += pipelinedMBs(cAddr, authority, "Bearer "+gatewayToken, each/4) / 2
+		r.GRPCRelayPipelinedMBs += pipelinedMBs(rAddr, authority, "Bearer "+string(clusterTok), each/4) / 2
+	}
 	return r
+}
+
+// tcpRelay copies bytes both ways between each connection and addr: a hop that does nothing else.
+func tcpRelay(addr string) (string, func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c); u.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+	return ln.Addr().String(), func() { ln.Close() }
+}
+
+// pipelinedMBs sends 64 KiB messages on one stream as fast as it can while reading the echoes, and
+// returns the echoed megabytes per second over d.
+func pipelinedMBs(addr, authority, auth string, d time.Duration) float64 {
+	tr := &http.Transport{}
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", "http://"+addr+"/ray.rpc.RayletDriver/Datapath", pr)
+	req.Host = authority
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	req.Header.Set("Authorization", auth)
+	msg := make([]byte, 5+64<<10)
+	binary.BigEndian.PutUint32(msg[1:5], 64<<10)
+	_, _ = rand.Read(msg[5:])
+	stop := make(chan struct{})
+	go func() {
+		defer pw.Close()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := pw.Write(msg); err != nil {
+				return
+			}
+		}
+	}()
+	resp, err := tr.RoundTrip(req)
+	check(err)
+	defer resp.Body.Close()
+	buf := make([]byte, 256<<10)
+	var n int64
+	start := time.Now()
+	for time.Since(start) < d {
+		k, err := resp.Body.Read(buf)
+		n += int64(k)
+		if err != nil {
+			check(fmt.Errorf("gateway bench: pipelined stream: %w", err))
+		}
+	}
+	elapsed := time.Since(start)
+	close(stop)
+	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
+	return float64(n) / elapsed.Seconds() / 1e6
 }
 
 // forwardTo is an HTTP forward proxy sending every request to addr.
@@ -306,6 +397,15 @@ func gatewayDialing(addr, ns string) *gateway.Gateway {
 	return g
 }
 
+// serveClient serves g's Ray Client relay on a loopback port and returns its address.
+func serveClient(g *gateway.Gateway) (addr string, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	srv := g.ClientServer()
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { srv.Close() }
+}
+
 // serveLocal serves h on a loopback port (HTTP/2 without TLS when h2c) and returns its address.
 func serveLocal(h http.Handler, h2c bool) (addr string, stop func()) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -328,5 +428,13 @@ func printGateway(r *gatewayResult) {
 		r.DirectP50Ms, r.DirectP99Ms, r.BareP50Ms, r.BareP99Ms, r.GatewayP50Ms, r.GatewayP99Ms, r.OverheadP50Ms, r.OverheadP99Ms,
 		r.GatewayP50Ms-r.BareP50Ms, r.GatewayP99Ms-r.BareP99Ms)
 	fmt.Printf("\n| gateway process | |\n|---|---|\n| peak RSS, table of 10 clusters, under load | %.1f MiB |\n| peak RSS, table of 1,000 clusters, under load | %.1f MiB |\n", r.RSS10MiB, r.RSS1000MiB)
-	fmt.Printf("| Ray Client stream (64 KiB messages, echoed) direct / through the gateway | %.0f / %.0f MB/s |\n", r.GRPCDirectMBs, r.GRPCGatewayMBs)
+	fmt.Printf("\n| Ray Client stream, 64 KiB messages echoed | direct | through the gateway | gateway / direct (goal ≥ 90%%) | through a bare TCP relay | relay / direct |\n|---|---|---|---|---|---|\n")
+	for _, row := range []struct {
+		name              string
+		direct, gw, relay float64
+	}{{"each after the previous echo", r.GRPCDirectMBs, r.GRPCGatewayMBs, r.GRPCRelayMBs},
+		{"pipelined", r.GRPCDirectPipelinedMBs, r.GRPCGatewayPipelinedMBs, r.GRPCRelayPipelinedMBs}} {
+		fmt.Printf("| %s | %.0f MB/s | %.0f MB/s | %.0f%% | %.0f MB/s | %.0f%% |\n", row.name, row.direct, row.gw, 100*row.gw/row.direct, row.relay, 100*row.relay/row.direct)
+	}
+	fmt.Printf("\n| dashboard p50, gateway / bare Go reverse proxy (goal ≤ 1.05) | %.2f |\n", r.GatewayP50Ms/r.BareP50Ms)
 }

@@ -815,7 +815,7 @@ func TestChartGateway(t *testing.T) {
 	}
 	c, _, _ := unstructured.NestedSlice(objs["Deployment/"+gw].Object, "spec", "template", "spec", "containers")
 	args := jsonOf(c[0].(map[string]any)["args"])
-	for _, want := range []string{`"gateway"`, `"--table-secret=raysync/rs-raysync-gateway"`} {
+	for _, want := range []string{`"gateway"`, `"--table-secret=raysync/rs-raysync-gateway"`, `"--max-connections=512"`} {
 		if !strings.Contains(args, want) {
 			t.Errorf("gateway args %s lack %s", args, want)
 		}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,9 @@ import (
 	"net/http/cookiejar"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/internal/gateway"
 	"github.com/raysync/raysync/internal/kuberay"
 )
 
@@ -121,7 +127,7 @@ func TestRealRayThroughTheGateway(t *testing.T) {
 	client := "ray://jobs-gw." + ns + ".svc.cluster.local:10001"
 
 	// Every Ray client through the gateway, with the token the cluster runs on.
-	throughGateway := func(token, when string) (jobSeconds, clientSeconds float64) {
+	throughGateway := func(token, when string) (jobSeconds, clientSeconds float64, jobID string) {
 		t.Helper()
 		began := time.Now()
 		out, code := env.rayCLIVia(front, 2*time.Minute, token, "job", "submit", "--address", address, "--no-wait", "--", "python", "-c", "print('answer', 6*7)")
@@ -165,9 +171,9 @@ print("ray client says", ray.get(ray.remote(num_cpus=0)(lambda: 42).remote()))
 		if code != 0 || !strings.Contains(out, "sdk sees True") || !strings.Contains(out, "ray client says 42") {
 			t.Errorf("%s: the Jobs SDK and Ray Client through the gateway: exit %d\n%s", when, code, lastLines(out, 15))
 		}
-		return jobSeconds, time.Since(began).Seconds()
+		return jobSeconds, time.Since(began).Seconds(), m[1]
 	}
-	job1, client1 := throughGateway(t1, "before the rotation")
+	job1, client1, _ := throughGateway(t1, "before the rotation")
 	env.dashboardLogin(front, t1)
 	if code := env.viaGateway(g, ns, "jobs", "/api/jobs/", env.NewToken()); code != http.StatusUnauthorized && code != http.StatusForbidden {
 		t.Errorf("a wrong token through the gateway: HTTP %d, want 401 or 403", code)
@@ -186,8 +192,11 @@ print("ray client says", ray.get(ray.remote(num_cpus=0)(lambda: 42).remote()))
 	if code := env.rayAPI(headURL(ns, "jobs-head-svc"), "/api/jobs/", t2, nil); code != http.StatusUnauthorized && code != http.StatusForbidden {
 		t.Errorf("straight at the head, the new token: HTTP %d; Ray should refuse it (the cluster runs on the first)", code)
 	}
-	job2, client2 := throughGateway(t2, "after the rotation, new token")
+	job2, client2, jobID := throughGateway(t2, "after the rotation, new token")
 	env.dashboardLogin(front, t2)
+	// The cluster runs on t1; clients hold t2.
+	t.Run("open paths as real Ray decides them", func(t *testing.T) { env.gatewayOpenPaths(t, g, ns, "jobs", t1, t2) })
+	t.Run("the dashboard in a browser", func(t *testing.T) { env.dashboardInBrowser(t, front, t2, jobID) })
 	if code := env.viaGateway(g, ns, "jobs", "/api/jobs/", t1); code != http.StatusOK {
 		t.Errorf("the previous token in its grace through the gateway: HTTP %d, want 200", code)
 	}
@@ -252,4 +261,117 @@ func (e *Env) dashboardLogin(address, token string) {
 	if resp.StatusCode != http.StatusOK {
 		e.t.Errorf("the Jobs API with the login cookie through the gateway: HTTP %d", resp.StatusCode)
 	}
+}
+
+// rawGet sends GET target to addr (a head through the stand-in's proxy when viaProxy, else the
+// gateway's dashboard address with host), the request target byte for byte, with an Authorization
+// token if any; it returns the status and the body.
+func (e *Env) rawGet(t *testing.T, addr, host, target, token string, viaProxy bool) (int, string) {
+	t.Helper()
+	dial, requestTarget := addr, target
+	if viaProxy {
+		u, _ := url.Parse(e.StandIn().ClientProxyURL)
+		dial, requestTarget = u.Host, "http://"+host+target
+	}
+	conn, err := net.DialTimeout("tcp", dial, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	auth := ""
+	if token != "" {
+		auth = "Authorization: Bearer " + token + "\r\n"
+	}
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n", requestTarget, host, auth); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("GET %s: %v", target, err)
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+// gatewayOpenPaths checks the gateway's open paths against real Ray, row by row
+// (gateway.RayOpenPathCases): straight at the head without a token, Ray's token middleware lets
+// exactly the open rows through; through the gateway, a caller without a token gets Ray's own answer
+// on those and Ray's 401 on the rest, and a client with its canonical token (not the one the cluster
+// runs on) gets, on an open row, what Ray answers without any token — the gateway never adds the
+// cluster's — and on the others what Ray answers the cluster's token.
+func (e *Env) gatewayOpenPaths(t *testing.T, g *gatewayProc, ns, obj, clusterToken, clientToken string) {
+	head := obj + "-head-svc." + ns + ".svc.cluster.local:8265"
+	gw := obj + "-gw." + ns + ".svc.cluster.local:8265"
+	const missing = "Unauthorized: Missing authentication token"
+	for _, c := range gateway.RayOpenPathCases {
+		direct, body := e.rawGet(t, "", head, c.Target, "", true)
+		if needs := direct == http.StatusUnauthorized && body == missing; needs == c.Open {
+			t.Errorf("%s: real Ray without a token answers %d %q: open %v, the gateway's table says %v", c.Target, direct, trim(body), !needs, c.Open)
+			continue
+		}
+		anon, anonBody := e.rawGet(t, g.DashboardAddr, gw, c.Target, "", false)
+		with, _ := e.rawGet(t, g.DashboardAddr, gw, c.Target, clientToken, false)
+		want := direct
+		if !c.Open {
+			want, _ = e.rawGet(t, "", head, c.Target, clusterToken, true)
+			if anon != http.StatusUnauthorized || anonBody != missing {
+				t.Errorf("%s through the gateway without a token: %d %q, want Ray's 401", c.Target, anon, trim(anonBody))
+			}
+		} else if anon != direct {
+			t.Errorf("%s through the gateway without a token: %d, real Ray %d", c.Target, anon, direct)
+		}
+		if with != want {
+			t.Errorf("%s through the gateway with the client's token: %d, want %d (what Ray answers %s)", c.Target, with, want,
+				map[bool]string{true: "without a token", false: "the cluster's token"}[c.Open])
+		}
+		t.Logf("%-36s open=%-5v ray without a token %d, through the gateway %d / with a token %d", c.Target, c.Open, direct, anon, with)
+	}
+}
+
+func trim(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
+
+// dashboardInBrowser opens the dashboard through the gateway in headless Chromium (Debian's), logs in
+// with the canonical token as a person would, and waits for the jobs page to show jobID; the
+// screenshot is kept in e2e/artifacts.
+func (e *Env) dashboardInBrowser(t *testing.T, front, token, jobID string) {
+	tool, err := framework.EnsureBrowser(e.ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := framework.RepoRoot()
+	shot := filepath.Join(root, "e2e", "artifacts", "gateway-dashboard-jobs.png")
+	if err := os.MkdirAll(filepath.Dir(shot), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(e.ctx, tool, "-url", front, "-token-file", tokenFile, "-expect", jobID,
+		"-screenshot", shot, "-chromium", framework.Chromium, "-timeout", "3m").Output()
+	if err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+	var r struct {
+		LoginAsked, LoggedIn, JobsShown, CookieHoldsToken bool
+		Title, Error                                      string
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("browser output: %v", err)
+	}
+	if strings.Contains(string(out), token) {
+		t.Fatal("the browser's report holds the token")
+	}
+	if !r.LoginAsked || !r.LoggedIn || !r.JobsShown || !r.CookieHoldsToken || r.Error != "" {
+		t.Errorf("the dashboard through the gateway in Chromium: %+v (screenshot %s)", r, shot)
+		return
+	}
+	t.Logf("Chromium: the dashboard (%q) asked for a token, logged in with the canonical one and showed job %s; screenshot %s", r.Title, jobID, shot)
 }

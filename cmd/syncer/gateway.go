@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -43,6 +44,7 @@ type gatewayConfig struct {
 	clusterDomain string
 	drainDelay    time.Duration
 	drainTimeout  time.Duration
+	limits        gateway.Limits
 	logFormat     string
 	logLevel      zapcore.Level
 }
@@ -59,6 +61,12 @@ func gatewayFlagSet(c *gatewayConfig, table, level *string, getenv func(string) 
 	fs.StringVar(&c.clusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain (head Services are dialled as <service>.<namespace>.svc.<domain>)")
 	fs.DurationVar(&c.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long /readyz fails before the servers stop accepting (endpoints drop the replica meanwhile)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "then how long requests in flight may finish")
+	d := gateway.DefaultLimits()
+	c.limits = d
+	fs.IntVar(&c.limits.MaxConnections, "max-connections", d.MaxConnections, "most client connections served at once on each port; more are refused at once")
+	fs.DurationVar(&c.limits.HeaderTimeout, "header-timeout", d.HeaderTimeout, "how long a client has to send a request's headers (Ray Client: its connection preface)")
+	fs.DurationVar(&c.limits.BodyTimeout, "body-timeout", d.BodyTimeout, "how long an authenticated client has to send a forwarded request's body (a job's package: up to 100 MiB)")
+	fs.DurationVar(&c.limits.IdleTimeout, "idle-timeout", d.IdleTimeout, "a client connection with nothing in flight is closed after this")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(level, "log-level", "info", "debug, info, warn or error")
 	if ns := getenv("POD_NAMESPACE"); ns != "" {
@@ -93,6 +101,9 @@ func parseGatewayFlags(args []string, getenv func(string) string) (*gatewayConfi
 	}
 	if c.drainDelay < 0 || c.drainTimeout < 0 {
 		return nil, errors.New("--drain-delay and --drain-timeout must not be negative")
+	}
+	if l := c.limits; l.MaxConnections < 1 || l.HeaderTimeout <= 0 || l.BodyTimeout <= 0 || l.IdleTimeout <= 0 {
+		return nil, errors.New("--max-connections, --header-timeout, --body-timeout and --idle-timeout must be positive")
 	}
 	return c, nil
 }
@@ -143,10 +154,14 @@ func serveGateway(ctx context.Context, cfg *gatewayConfig, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
+	if w := proxyWarning(http.ProxyFromEnvironment, cfg.clusterDomain); w != "" {
+		log.Warn(w)
+	}
 	m := metrics.NewGateway()
 	gw := gateway.New(gateway.Options{ClusterDomain: cfg.clusterDomain, DashboardPort: 8265, ClientPort: 10001,
-		Proxy: http.ProxyFromEnvironment, Log: log,
+		Proxy: http.ProxyFromEnvironment, Log: log, Limits: cfg.limits,
 		Observe: func(p, r string, c gateway.Credential, s float64) { m.Observe(p, r, string(c), s) },
+		Done:    func(_ string, c gateway.Credential) { m.Done(string(c)) },
 		UpstreamAuthFailure: func(p string) {
 			m.UpstreamAuthFailures.WithLabelValues(p).Inc()
 			log.Error("a cluster refused the token the gateway forwarded with", zap.String("protocol", p))
@@ -202,23 +217,29 @@ func serveGateway(ctx context.Context, cfg *gatewayConfig, log *zap.Logger) erro
 		return err
 	}
 	defer stopProbes()
-	dash := &http.Server{Handler: gw.Dashboard(), ReadHeaderTimeout: 10 * time.Second}
-	client := &http.Server{Handler: gw.Client(), ReadHeaderTimeout: 10 * time.Second}
-	client.Protocols = new(http.Protocols)
-	client.Protocols.SetUnencryptedHTTP2(true)
-	servers := []*http.Server{dash, client}
+	servers := []interface {
+		Serve(net.Listener) error
+		Shutdown(context.Context) error
+	}{gw.DashboardServer(), gw.ClientServer()}
 	errs := make(chan error, len(servers))
 	for i, addr := range []string{cfg.dashboardAddr, cfg.clientAddr} {
-		ln, err := net.Listen("tcp", addr)
+		protocol, refusal := gateway.ProtoHTTP, gateway.HTTPRefusal
+		if i == 1 {
+			protocol, refusal = gateway.ProtoGRPC, nil
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("listen %s: %w", addr, err)
 		}
-		log.Info("serving", zap.String("addr", ln.Addr().String()), zap.String("protocol", []string{gateway.ProtoHTTP, gateway.ProtoGRPC}[i]))
-		go func(s *http.Server) {
-			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		ln := gateway.LimitConnections(l, cfg.limits.MaxConnections, refusal)
+		open, refused := m.Connections.WithLabelValues(protocol), m.ConnectionsRefused.WithLabelValues(protocol)
+		ln.Opened, ln.Closed, ln.Refused = open.Inc, open.Dec, refused.Inc
+		log.Info("serving", zap.String("addr", l.Addr().String()), zap.String("protocol", protocol))
+		go func() {
+			if err := servers[i].Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, gateway.ErrServerClosed) {
 				errs <- err
 			}
-		}(servers[i])
+		}()
 	}
 	log.Info("starting the raysync gateway", zap.String("table", cfg.table.String()))
 	select {
@@ -236,4 +257,17 @@ func serveGateway(ctx context.Context, cfg *gatewayConfig, log *zap.Logger) erro
 		_ = s.Shutdown(sctx)
 	}
 	return nil
+}
+
+// proxyWarning says why the proxy settings would hand cluster tokens to a proxy: the gateway adds a
+// cluster's token to every request it forwards, so with HTTP_PROXY set and NO_PROXY not covering the
+// heads' Service names, every token goes through the proxy ("" when it would not).
+func proxyWarning(proxy func(*http.Request) (*url.URL, error), clusterDomain string) string {
+	head := &http.Request{URL: &url.URL{Scheme: "http", Host: "ray-head-svc.default.svc." + clusterDomain + ":8265"}}
+	u, err := proxy(head)
+	if err != nil || u == nil {
+		return ""
+	}
+	return fmt.Sprintf("HTTP_PROXY is set and NO_PROXY does not cover .svc.%s: the gateway would send requests for the heads, each with "+
+		"its cluster's token, through the proxy %s://%s; add .svc,.svc.%s to NO_PROXY unless that proxy is meant to see them", clusterDomain, u.Scheme, u.Host, clusterDomain)
 }

@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,24 +14,12 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 )
-
-// What Ray reads a client's token from (ray/_private/authentication): the HTTP middleware takes
-// Authorization, then X-Ray-Authorization, then the cookie; Ray Client's gRPC interceptor only
-// the authorization metadata. Each carries "Bearer <token>" (the cookie the bare token).
-const (
-	cookieName   = "ray-authentication-token"
-	bearerPrefix = "Bearer "
-	cookieMaxAge = 30 * 24 * 60 * 60 // Ray's own
-)
-
-// publicPaths are the dashboard paths Ray serves without a token: forwarded without one.
-var publicPaths = map[string]bool{"/": true, "/favicon.ico": true, "/api/authentication_mode": true,
-	"/api/healthz": true, "/api/gcs_healthz": true, "/api/local_raylet_healthz": true, "/-/healthz": true}
 
 // Protocols (metric label protocol).
 const (
@@ -46,6 +36,8 @@ const (
 	NotReady        = "not_ready"
 	UpstreamError   = "upstream_error"
 	Authenticated   = "authenticated" // POST /api/authenticate answered by the gateway
+	TooLarge        = "too_large"     // a body over Ray's own limit, refused before it is read
+	BodyFailed      = "body_failed"   // a forwarded body too long, too slow or cut off by the client
 )
 
 // Options configure a Gateway.
@@ -56,12 +48,19 @@ type Options struct {
 	// Proxy, when set, is the HTTP proxy for dashboard requests, and Ray Client connections are
 	// tunnelled through it with CONNECT (nil: dial the heads directly).
 	Proxy func(*http.Request) (*url.URL, error)
+	// ProxyTLS configures TLS to an https:// proxy (nil: the system's roots).
+	ProxyTLS *tls.Config
 	// Dial, when set, replaces the direct TCP dial (tests map head Services to local listeners).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	Now  func() time.Time
-	Log  *zap.Logger
-	// Observe records one request (protocol, result, credential, seconds to the answer's headers).
+	// Limits bound what one client can hold (zero fields: DefaultLimits).
+	Limits Limits
+	Now    func() time.Time
+	Log    *zap.Logger
+	// Observe records one request once it is answered (protocol, result, credential, seconds to the
+	// answer's headers), and Done when it ends: a streamed answer or a Ray Client session can last
+	// hours between the two.
 	Observe func(protocol, result string, credential Credential, seconds float64)
+	Done    func(protocol string, credential Credential)
 	// UpstreamAuthFailure records a cluster refusing the token the gateway forwarded with.
 	UpstreamAuthFailure func(protocol string)
 }
@@ -71,7 +70,6 @@ type Gateway struct {
 	opts      Options
 	table     atomic.Pointer[Table]
 	dashboard *httputil.ReverseProxy
-	client    *httputil.ReverseProxy
 }
 
 // New returns a Gateway that answers nothing but "not ready" until SetTable.
@@ -85,6 +83,9 @@ func New(o Options) *Gateway {
 	if o.Observe == nil {
 		o.Observe = func(string, string, Credential, float64) {}
 	}
+	if o.Done == nil {
+		o.Done = func(string, Credential) {}
+	}
 	if o.UpstreamAuthFailure == nil {
 		o.UpstreamAuthFailure = func(string) {}
 	}
@@ -94,32 +95,40 @@ func New(o Options) *Gateway {
 	if o.Dial == nil {
 		o.Dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
+	o.Limits = o.Limits.withDefaults()
 	g := &Gateway{opts: o}
 	// 8265 is HTTP/1.1 upstream: websocket upgrades (the job log tail) need it.
-	h1 := &http.Transport{Proxy: o.Proxy, DialContext: o.Dial, MaxIdleConnsPerHost: 64,
+	// The heads are plain HTTP: TLSClientConfig is only ever the https:// proxy's, as for the tunnel.
+	h1 := &http.Transport{Proxy: o.Proxy, DialContext: o.Dial, MaxIdleConnsPerHost: 64, TLSClientConfig: o.ProxyTLS,
 		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 0, ForceAttemptHTTP2: false}
 	h1.Protocols = new(http.Protocols)
 	h1.Protocols.SetHTTP1(true)
-	// 10001 is gRPC: HTTP/2 without TLS (prior knowledge), tunnelled when a proxy is set.
-	h2c := &http.Transport{DialContext: g.tunnel, IdleConnTimeout: 90 * time.Second}
-	h2c.Protocols = new(http.Protocols)
-	h2c.Protocols.SetUnencryptedHTTP2(true)
 	// FlushInterval 0: a response with a length is written once; ReverseProxy flushes streaming ones
 	// (no length, text/event-stream) after every write regardless, and upgrades are raw.
-	g.dashboard = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h1,
-		ModifyResponse: g.dashboardResponse, ErrorHandler: g.upstreamFailed(ProtoHTTP)}
-	g.client = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h2c, FlushInterval: -1,
-		ModifyResponse: g.clientResponse, ErrorHandler: g.upstreamFailed(ProtoGRPC)}
+	g.dashboard = &httputil.ReverseProxy{Rewrite: rewrite, Transport: h1, BufferPool: copyBuffers{},
+		ModifyResponse: g.dashboardResponse, ErrorHandler: g.upstreamFailed}
 	return g
 }
 
+// copyBuffers lends ReverseProxy its 32 KiB copy buffers instead of allocating one per request.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
+
 // SetTable makes t the table every new request is answered from.
-func (g *Gateway) SetTable(t *Table) { g.table.Store(t) }
+func (g *Gateway) SetTable(t *Table) {
+	t.prepare()
+	g.table.Store(t)
+}
 
 // Ready reports whether a table was loaded: before it, every request is refused (never forwarded).
 func (g *Gateway) Ready() bool { return g.table.Load() != nil }
 
-// upstream is where one request goes, decided with its token from one table.
+// upstream is where one request goes, decided with its token from one table. token is nil for a
+// request Ray serves without one: it is forwarded with no credential at all.
 type upstream struct {
 	addr  string
 	token []byte
@@ -129,7 +138,7 @@ type upstreamKey struct{}
 
 // route finds the table's route for a request's Host (":authority" for gRPC): "<name>-gw.<namespace>"
 // with or without ".svc[.<domain>]" and a port. A bare "<name>-gw" names an object only if one
-// namespace has it.
+// namespace has it. Its errors are for callers the gateway has authenticated only.
 func (g *Gateway) route(t *Table, host string, port int) (upstream, error) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
@@ -162,12 +171,15 @@ func (g *Gateway) route(t *Table, host string, port int) (upstream, error) {
 	return upstream{addr: addr, token: t.Tokens[r.Token]}, nil
 }
 
-// rewrite sends the request to its upstream with the cluster's token and no client credential.
+// rewrite sends the request to its upstream with no client credential, and with the cluster's token
+// unless Ray serves the request without one.
 func rewrite(pr *httputil.ProxyRequest) {
 	up := pr.In.Context().Value(upstreamKey{}).(upstream)
 	pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", up.addr, up.addr
 	stripCredentials(pr.Out)
-	pr.Out.Header.Set("Authorization", bearerPrefix+string(up.token))
+	if up.token != nil {
+		pr.Out.Header.Set("Authorization", bearerPrefix+string(up.token))
+	}
 }
 
 // stripCredentials removes every way a client can present a token (the cookie, not the others).
@@ -209,57 +221,76 @@ func presented(h http.Header, cookies []*http.Cookie) (token []byte, present, ok
 // Dashboard serves the Jobs API and dashboard (the heads' 8265).
 func (g *Gateway) Dashboard() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := g.opts.Now()
-		result, cred := g.serveDashboard(w, r)
-		g.opts.Observe(ProtoHTTP, result, cred, g.opts.Now().Sub(start).Seconds())
+		rec := g.record(w, ProtoHTTP)
+		defer rec.end()
+		g.serveDashboard(rec, r)
 	})
 }
 
-func (g *Gateway) serveDashboard(w http.ResponseWriter, r *http.Request) (string, Credential) {
+// serveDashboard authenticates first: a caller without a credential the gateway accepts gets Ray's
+// own refusal whatever the address, unless Ray itself serves the path without a token; only then is
+// the address looked up. The body is read only once the request is forwarded.
+func (g *Gateway) serveDashboard(w *recorder, r *http.Request) {
 	t := g.table.Load()
 	if t == nil {
-		http.Error(w, "raysync gateway: not ready", http.StatusServiceUnavailable)
-		return NotReady, None
+		w.refuse(r, NotReady, None, http.StatusServiceUnavailable, "raysync gateway: not ready")
+		return
+	}
+	login := r.Method == http.MethodPost && r.URL.Path == "/api/authenticate"
+	open := RayServesWithoutToken(r.URL.Path) && !login
+	token, present, ok := presented(r.Header, r.Cookies())
+	if login { // Ray's login reads Authorization only
+		token, present, ok = presented(http.Header{"Authorization": r.Header.Values("Authorization")}, nil)
 	}
 	cred := None
-	if !publicPaths[r.URL.Path] || (r.URL.Path == "/api/authenticate" && r.Method == http.MethodPost) {
-		token, present, ok := presented(r.Header, r.Cookies())
-		if r.URL.Path == "/api/authenticate" {
-			token, present, ok = presented(http.Header{"Authorization": r.Header.Values("Authorization")}, nil)
+	if ok {
+		cred = t.accepts(token, g.opts.Now())
+	}
+	// Without an accepted credential only what Ray serves without a token is forwarded, and never a
+	// body: none of those paths takes one (the login, which does, is answered here), and a stranger's
+	// body is never read.
+	if cred == None && (!open || r.ContentLength != 0) {
+		w.refuseAsRay(r, present)
+		return
+	}
+	if login {
+		// The cookie carries the client's own token, never a cluster's.
+		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: string(token), MaxAge: cookieMaxAge, Path: "/",
+			HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.answer(Authenticated, cred)
+		if r.ContentLength != 0 {
+			dropBody(w)
 		}
-		if !present {
-			http.Error(w, "Unauthorized: Missing authentication token", http.StatusUnauthorized)
-			return Unauthenticated, None
-		}
-		if ok {
-			cred = t.accepts(token, g.opts.Now())
-		}
-		if cred == None {
-			http.Error(w, "Forbidden: Invalid authentication token", http.StatusForbidden)
-			return Forbidden, None
-		}
-		if r.URL.Path == "/api/authenticate" && r.Method == http.MethodPost {
-			// The cookie carries the client's own token, never a cluster's.
-			http.SetCookie(w, &http.Cookie{Name: cookieName, Value: string(token), MaxAge: cookieMaxAge, Path: "/",
-				HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-			w.Header().Set("Content-Type", "application/json; charset=utf-8")
-			_, _ = io.WriteString(w, `{"status": "authenticated", "message": "Token is valid"}`)
-			return Authenticated, cred
-		}
+		_, _ = io.WriteString(w, `{"status": "authenticated", "message": "Token is valid"}`)
+		return
 	}
 	up, err := g.route(t, r.Host, g.opts.DashboardPort)
 	if err != nil {
-		http.Error(w, "raysync gateway: "+err.Error(), http.StatusNotFound)
-		return NoRoute, cred
+		if cred == None { // an open path at an address that is not one: as for any other path
+			w.refuseAsRay(r, present)
+			return
+		}
+		w.refuse(r, NoRoute, cred, http.StatusNotFound, "raysync gateway: "+err.Error())
+		return
 	}
-	rec := &recorder{ResponseWriter: w, result: Forwarded}
-	g.dashboard.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), upstreamKey{}, up)))
-	return rec.result, cred
+	if r.ContentLength > g.opts.Limits.MaxBodyBytes {
+		w.refuse(r, TooLarge, cred, http.StatusRequestEntityTooLarge, "raysync gateway: the body is over Ray's limit")
+		return
+	}
+	if open {
+		up.token = nil
+	}
+	w.answer(Forwarded, cred)
+	g.limitBody(w, r)
+	g.dashboard.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), upstreamKey{}, up)))
 }
 
-// dashboardResponse keeps cluster tokens from clients and catches a cluster refusing the gateway.
+// dashboardResponse keeps cluster tokens from clients and catches a cluster refusing the gateway's
+// token — Ray's token refusal only: its other 401s and 403s are the client's answer.
 func (g *Gateway) dashboardResponse(resp *http.Response) error {
-	if (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && !publicPaths[resp.Request.URL.Path] {
+	up, _ := resp.Request.Context().Value(upstreamKey{}).(upstream)
+	if up.token != nil && rayRefusedToken(resp) {
 		g.opts.UpstreamAuthFailure(ProtoHTTP)
 		return errUpstreamRefused
 	}
@@ -277,170 +308,158 @@ func (g *Gateway) dashboardResponse(resp *http.Response) error {
 	return nil
 }
 
-var errUpstreamRefused = errors.New("the cluster refused the token the gateway forwarded with")
-
-// Client serves Ray Client (the heads' 10001): gRPC over HTTP/2 without TLS.
-func (g *Gateway) Client() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := g.opts.Now()
-		result, cred := g.serveClient(w, r)
-		g.opts.Observe(ProtoGRPC, result, cred, g.opts.Now().Sub(start).Seconds())
-	})
+// rayRefusedToken reports whether resp is the dashboard's token middleware refusing the request,
+// told by its status and exact body (the body stays whole for the client).
+func rayRefusedToken(resp *http.Response) bool {
+	var want string
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		want = rayMissingToken
+	case http.StatusForbidden:
+		want = rayInvalidToken
+	default:
+		return false
+	}
+	if resp.ContentLength > int64(len(want)+1) {
+		return false
+	}
+	head := make([]byte, len(want)+2)
+	n, err := io.ReadFull(resp.Body, head)
+	head = head[:n]
+	resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		return false
+	}
+	return strings.TrimRight(string(head), "\n") == want
 }
 
-// gRPC status codes the gateway answers with.
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+var errUpstreamRefused = errors.New("the cluster refused the token the gateway forwarded with")
+
+// gRPC status codes the gateway answers Ray Client with.
 const (
 	grpcNotFound        = 5
 	grpcUnavailable     = 14
 	grpcUnauthenticated = 16
 )
 
-func (g *Gateway) serveClient(w http.ResponseWriter, r *http.Request) (string, Credential) {
-	if r.ProtoMajor != 2 {
-		http.Error(w, "raysync gateway: Ray Client speaks gRPC over HTTP/2", http.StatusHTTPVersionNotSupported)
-		return NoRoute, None
+// upstreamFailed answers a request the cluster did not answer, or answered by refusing the gateway's
+// token. The client learns which, never where the gateway tried (that is logged).
+func (g *Gateway) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
+	rec, _ := w.(*recorder)
+	if rec != nil && rec.bodyFailed.Load() {
+		rec.result = BodyFailed
+		text(w, http.StatusBadRequest, "raysync gateway: the request's body was too long, too slow or cut off")
+		return
 	}
-	t := g.table.Load()
-	if t == nil {
-		grpcError(w, grpcUnavailable, "raysync gateway: not ready")
-		return NotReady, None
+	if rec != nil {
+		rec.result = UpstreamError
 	}
-	v := r.Header.Get("Authorization")
-	token, ok := strings.CutPrefix(v, bearerPrefix)
-	cred := None
-	if ok && token != "" {
-		cred = t.accepts([]byte(token), g.opts.Now())
+	if !errors.Is(err, context.Canceled) {
+		g.opts.Log.Info("upstream failed", zap.String("host", r.Host), zap.String("protocol", ProtoHTTP), zap.Error(err))
 	}
-	if cred == None {
-		grpcError(w, grpcUnauthenticated, "Invalid or missing authentication token") // Ray's own message
-		if v == "" {
-			return Unauthenticated, None
-		}
-		return Forbidden, None
+	msg := "raysync gateway: the cluster did not answer"
+	if errors.Is(err, errUpstreamRefused) {
+		msg = "raysync gateway: the cluster refused the gateway's token"
 	}
-	up, err := g.route(t, r.Host, g.opts.ClientPort)
-	if err != nil {
-		grpcError(w, grpcNotFound, "raysync gateway: "+err.Error())
-		return NoRoute, cred
-	}
-	rec := &recorder{ResponseWriter: w, result: Forwarded}
-	g.client.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), upstreamKey{}, up)))
-	return rec.result, cred
+	text(w, http.StatusBadGateway, msg)
 }
 
-// clientResponse catches a cluster refusing the gateway's token, in a Trailers-Only answer (a
-// refusal is one) or in the trailers of a longer one.
-func (g *Gateway) clientResponse(resp *http.Response) error {
-	if resp.Header.Get("Grpc-Status") == strconv.Itoa(grpcUnauthenticated) {
-		g.opts.UpstreamAuthFailure(ProtoGRPC)
-		resp.Header.Set("Grpc-Status", strconv.Itoa(grpcUnavailable))
-		resp.Header.Set("Grpc-Message", url.PathEscape("raysync gateway: the cluster refused the gateway's token"))
-		return nil
-	}
-	resp.Body = &trailerWatch{ReadCloser: resp.Body, resp: resp, failed: func() { g.opts.UpstreamAuthFailure(ProtoGRPC) }}
-	return nil
+// text answers as Ray's aiohttp does (web.Response(text=...)).
+func text(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, msg)
 }
 
-type trailerWatch struct {
-	io.ReadCloser
-	resp   *http.Response
-	failed func()
-	done   bool
-}
-
-func (t *trailerWatch) Read(p []byte) (int, error) {
-	n, err := t.ReadCloser.Read(p)
-	if err == io.EOF && !t.done {
-		t.done = true
-		if t.resp.Trailer.Get("Grpc-Status") == strconv.Itoa(grpcUnauthenticated) {
-			t.failed()
-		}
-	}
-	return n, err
-}
-
-// grpcError answers a gRPC call with a status and no message (Trailers-Only).
-func grpcError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/grpc")
-	w.Header().Set("Grpc-Status", strconv.Itoa(code))
-	w.Header().Set("Grpc-Message", url.PathEscape(msg))
-	w.WriteHeader(http.StatusOK)
-}
-
-func (g *Gateway) upstreamFailed(protocol string) func(http.ResponseWriter, *http.Request, error) {
-	return func(w http.ResponseWriter, r *http.Request, err error) {
-		if rec, ok := w.(*recorder); ok {
-			rec.result = UpstreamError
-		}
-		if !errors.Is(err, context.Canceled) {
-			g.opts.Log.Info("upstream failed", zap.String("host", r.Host), zap.String("protocol", protocol), zap.Error(err))
-		}
-		if protocol == ProtoGRPC {
-			grpcError(w, grpcUnavailable, "raysync gateway: cluster unreachable")
-			return
-		}
-		status := http.StatusBadGateway
-		http.Error(w, "raysync gateway: "+err.Error(), status)
-	}
-}
-
-// recorder notes the result of a forwarded request (an upstream failure turns it to UpstreamError).
+// recorder notes how a request was answered and observes it at its answer's headers (a stream can
+// last for ever after them), then once more when it ends.
 type recorder struct {
 	http.ResponseWriter
-	result string
+	g        *Gateway
+	protocol string
+	start    time.Time
+	result   string
+	cred     Credential
+	observed bool
+	// bodyFailed is set (by whoever reads the request's body) when the client's body failed.
+	bodyFailed atomic.Bool
+}
+
+func (g *Gateway) record(w http.ResponseWriter, protocol string) *recorder {
+	return &recorder{ResponseWriter: w, g: g, protocol: protocol, start: g.opts.Now(), result: UpstreamError, cred: None}
+}
+
+// answer sets what the request's answer will be counted as.
+func (r *recorder) answer(result string, cred Credential) { r.result, r.cred = result, cred }
+
+func (r *recorder) observe() {
+	if !r.observed {
+		r.observed = true
+		r.g.opts.Observe(r.protocol, r.result, r.cred, r.g.opts.Now().Sub(r.start).Seconds())
+	}
+}
+
+func (r *recorder) end() {
+	r.observe()
+	r.g.opts.Done(r.protocol, r.cred)
+}
+
+// refuse answers the gateway's own refusal without reading the request's body: a connection whose
+// body was not read is closed after the answer (net/http would otherwise wait to discard it), so a
+// client that announced one and never sends it holds nothing.
+func (r *recorder) refuse(req *http.Request, result string, cred Credential, status int, msg string) {
+	r.answer(result, cred)
+	if req.ContentLength != 0 {
+		dropBody(r)
+	}
+	text(r, status, msg)
+}
+
+// dropBody makes the answer the request's last: its body is never read.
+func dropBody(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
+// refuseAsRay answers a caller without an accepted credential as Ray does: 401 without one, 403 with
+// one it does not accept.
+func (r *recorder) refuseAsRay(req *http.Request, present bool) {
+	if !present {
+		r.refuse(req, Unauthenticated, None, http.StatusUnauthorized, rayMissingToken)
+		return
+	}
+	r.refuse(req, Forbidden, None, http.StatusForbidden, rayInvalidToken)
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		r.observe()
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.observe()
+	return r.ResponseWriter.Write(b)
 }
 
 func (r *recorder) Flush() {
+	r.observe()
 	if f, ok := r.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
 }
 
+// Hijack is a websocket upgrade's answer (ReverseProxy writes the 101 on the hijacked connection).
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	r.observe()
+	return http.NewResponseController(r.ResponseWriter).Hijack()
+}
+
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
-// tunnel dials addr directly, or through the HTTP proxy with CONNECT when one is set.
-func (g *Gateway) tunnel(ctx context.Context, network, addr string) (net.Conn, error) {
-	var proxy *url.URL
-	if g.opts.Proxy != nil {
-		p, err := g.opts.Proxy(&http.Request{URL: &url.URL{Scheme: "http", Host: addr}})
-		if err != nil {
-			return nil, err
-		}
-		proxy = p
-	}
-	if proxy == nil {
-		return g.opts.Dial(ctx, network, addr)
-	}
-	conn, err := g.opts.Dial(ctx, "tcp", proxy.Host)
-	if err != nil {
-		return nil, err
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: addr}, Host: addr, Header: http.Header{}}
-	br := bufio.NewReader(conn)
-	resp, err := func() (*http.Response, error) {
-		if err := req.Write(conn); err != nil {
-			return nil, err
-		}
-		return http.ReadResponse(br, req)
-	}()
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("proxy CONNECT %s: %s", addr, resp.Status)
-	}
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	resp.Body.Close()
-	_ = conn.SetDeadline(time.Time{})
-	return &bufferedConn{Conn: conn, r: br}, nil
-}
-
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }

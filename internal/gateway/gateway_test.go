@@ -8,11 +8,15 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -51,11 +55,12 @@ func testTable() *Table {
 // ray is a head's dashboard and Ray Client as the gateway sees them: each Service accepts exactly the
 // token of its cluster, as Ray does.
 type ray struct {
-	mu       sync.Mutex
-	seen     []*http.Request // dashboard requests as they arrived
-	dash     *httptest.Server
-	client   *http.Server
-	clientLn net.Listener
+	mu          sync.Mutex
+	seen        []*http.Request // dashboard requests as they arrived
+	clientCalls int             // Ray Client calls the head accepted
+	dash        *httptest.Server
+	client      *http.Server
+	clientLn    net.Listener
 }
 
 var clusterOf = map[string][]byte{"svc-abc-head-svc": clusterToken1, "batch-head-svc": clusterToken2, "dup-head-svc": clusterToken2, "misrouted-head-svc": clusterToken2}
@@ -68,11 +73,27 @@ func newRay(t *testing.T) *ray {
 		r.mu.Lock()
 		r.seen = append(r.seen, req.Clone(context.Background()))
 		r.mu.Unlock()
-		if req.Header.Get("Authorization") != "Bearer "+string(clusterOf[serviceOf(req.Host)]) && !publicPaths[req.URL.Path] {
-			http.Error(w, "Forbidden: Invalid authentication token", http.StatusForbidden)
+		// Ray's middlewares in their order: the token (its own open paths skip it), then path cleaning.
+		if !rayOpen(req.URL.Path) {
+			switch v := presentedAsRay(req); v {
+			case "":
+				rayText(w, http.StatusUnauthorized, "Unauthorized: Missing authentication token")
+				return
+			case "Bearer " + string(clusterOf[serviceOf(req.Host)]):
+			default:
+				rayText(w, http.StatusForbidden, "Forbidden: Invalid authentication token")
+				return
+			}
+		}
+		if strings.HasPrefix(req.URL.Path, "/static") && !strings.HasPrefix(path.Clean(req.URL.Path)+"/", "/static/") {
+			rayText(w, http.StatusForbidden, "403: Forbidden")
 			return
 		}
 		switch req.URL.Path {
+		case "/worker/traceback":
+			rayText(w, http.StatusForbidden, "Profiling is disabled by default for security reasons.")
+		case "/static/js/main.js":
+			_, _ = io.WriteString(w, "// the dashboard's code")
 		case "/upload":
 			h := sha256.New()
 			n, _ := io.Copy(h, req.Body)
@@ -106,6 +127,36 @@ func newRay(t *testing.T) *ray {
 	return r
 }
 
+// rayOpen is Ray 2.60's list of paths served without a token (the test's own copy).
+func rayOpen(p string) bool {
+	switch p {
+	case "/", "/favicon.ico", "/api/authentication_mode", "/api/authenticate", "/api/healthz", "/api/gcs_healthz", "/api/local_raylet_healthz", "/-/healthz":
+		return true
+	}
+	return strings.HasPrefix(p, "/static/")
+}
+
+// presentedAsRay is the credential Ray reads: Authorization, X-Ray-Authorization, the cookie.
+func presentedAsRay(req *http.Request) string {
+	if v := req.Header.Get("Authorization"); v != "" {
+		return v
+	}
+	if v := req.Header.Get("X-Ray-Authorization"); v != "" {
+		return v
+	}
+	if c, err := req.Cookie("ray-authentication-token"); err == nil && c.Value != "" {
+		return "Bearer " + c.Value
+	}
+	return ""
+}
+
+// rayText answers as aiohttp's web.Response(status, text) does.
+func rayText(w http.ResponseWriter, status int, text string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, text)
+}
+
 // startClient serves Ray Client's gRPC: every message echoed, then grpc-status 0; a wrong token is
 // refused Trailers-Only with UNAUTHENTICATED, as Ray's interceptor does.
 func (r *ray) startClient(t *testing.T, addr string) {
@@ -114,10 +165,13 @@ func (r *ray) startClient(t *testing.T, addr string) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Header.Get("Authorization") != "Bearer "+string(clusterOf[serviceOf(req.Host)]) {
+		if a := req.Header.Values("Authorization"); len(a) != 1 || a[0] != "Bearer "+string(clusterOf[serviceOf(req.Host)]) {
 			grpcError(w, grpcUnauthenticated, "Invalid or missing authentication token")
 			return
 		}
+		r.mu.Lock()
+		r.clientCalls++
+		r.mu.Unlock()
 		w.Header().Set("Content-Type", "application/grpc")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
@@ -136,6 +190,14 @@ func (r *ray) startClient(t *testing.T, addr string) {
 	go func() { _ = srv.Serve(ln) }()
 	r.client, r.clientLn = srv, ln
 	t.Cleanup(func() { srv.Close() })
+}
+
+// grpcError answers a gRPC call Trailers-Only, as Ray's interceptor does a refusal.
+func grpcError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/grpc")
+	w.Header().Set("Grpc-Status", strconv.Itoa(code))
+	w.Header().Set("Grpc-Message", url.PathEscape(msg))
+	w.WriteHeader(http.StatusOK)
 }
 
 func frame(msg []byte) []byte {
@@ -162,23 +224,47 @@ type harness struct {
 	dash       *httptest.Server
 	clientAddr string
 	mu         sync.Mutex
-	results    []string // "protocol result credential"
-	upstream   []string // protocols of upstream auth failures
+	results    []string  // "protocol result credential"
+	seconds    []float64 // each result's latency as observed
+	upstream   []string  // protocols of upstream auth failures
+	clock      time.Time // the gateway's now
+
+	clientServer  *ClientServer
+	clientLimiter *ConnLimiter
 }
 
-func newHarness(t *testing.T, table *Table) *harness {
-	h := &harness{ray: newRay(t)}
-	h.gw = New(Options{DashboardPort: 8265, ClientPort: 10001, Now: func() time.Time { return testNow },
+func (h *harness) now() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.clock
+}
+
+func (h *harness) advance(d time.Duration) {
+	h.mu.Lock()
+	h.clock = h.clock.Add(d)
+	h.mu.Unlock()
+}
+
+func newHarness(t *testing.T, table *Table) *harness { return newHarnessWith(t, table, Limits{}) }
+
+// newHarnessWith is newHarness with limits (zero fields: the defaults).
+func newHarnessWith(t *testing.T, table *Table, limits Limits) *harness {
+	h := &harness{ray: newRay(t), clock: testNow}
+	h.gw = New(Options{DashboardPort: 8265, ClientPort: 10001, Now: h.now, Limits: limits,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var d net.Dialer
+			if strings.HasPrefix(addr, "gone-head-svc.") { // a head that is not there: refused
+				return d.DialContext(ctx, network, "127.0.0.1:1")
+			}
 			if strings.HasSuffix(addr, ":10001") {
 				return d.DialContext(ctx, network, h.ray.clientLn.Addr().String())
 			}
 			return d.DialContext(ctx, network, h.ray.dash.Listener.Addr().String())
 		},
-		Observe: func(p, r string, c Credential, _ float64) {
+		Observe: func(p, r string, c Credential, seconds float64) {
 			h.mu.Lock()
 			h.results = append(h.results, p+" "+r+" "+string(c))
+			h.seconds = append(h.seconds, seconds)
 			h.mu.Unlock()
 		},
 		UpstreamAuthFailure: func(p string) { h.mu.Lock(); h.upstream = append(h.upstream, p); h.mu.Unlock() },
@@ -186,16 +272,18 @@ func newHarness(t *testing.T, table *Table) *harness {
 	if table != nil {
 		h.gw.SetTable(table)
 	}
-	h.dash = httptest.NewServer(h.gw.Dashboard())
+	h.dash = httptest.NewUnstartedServer(nil)
+	h.dash.Config = h.gw.DashboardServer()
+	h.dash.Start()
 	t.Cleanup(h.dash.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h.gw.Client()}
-	srv.Protocols = new(http.Protocols)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	go func() { _ = srv.Serve(ln) }()
+	h.clientLimiter = LimitConnections(ln, h.gw.opts.Limits.MaxConnections, nil)
+	srv := h.gw.ClientServer()
+	h.clientServer = srv
+	go func() { _ = srv.Serve(h.clientLimiter) }()
 	t.Cleanup(func() { srv.Close() })
 	h.clientAddr = ln.Addr().String()
 	return h
@@ -377,7 +465,10 @@ func TestDashboard(t *testing.T) {
 			}
 			up := seen[0]
 			want := "Bearer " + string(clusterOf[serviceOf(up.Host)])
-			if resp.StatusCode == http.StatusBadGateway {
+			switch {
+			case rayOpen(tc.path):
+				want = "" // Ray serves it without a token: the cluster's is never added
+			case resp.StatusCode == http.StatusBadGateway:
 				want = "Bearer " + string(clusterToken1) // the table's (wrong) token for it
 			}
 			if up.Header.Get("Authorization") != want || up.Header.Get("X-Ray-Authorization") != "" {
@@ -459,9 +550,10 @@ func (h *harness) call(t *testing.T, authority, auth string, msgs [][]byte) (sta
 		resp, err := tr.RoundTrip(req)
 		done <- result{resp, err}
 	}()
-	// The first message goes out before the response headers: gRPC clients do not wait for them.
+	// The first message goes out before the response headers: gRPC clients do not wait for them (a
+	// stream answered at once, Trailers-Only, may have ended before it is written).
 	if len(msgs) > 0 {
-		if _, err := pw.Write(frame(msgs[0])); err != nil {
+		if _, err := pw.Write(frame(msgs[0])); err != nil && !errors.Is(err, io.ErrClosedPipe) {
 			return "", nil, err
 		}
 	}

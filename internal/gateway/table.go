@@ -53,6 +53,19 @@ type Table struct {
 	Accept []Accepted        `json:"accept"`
 	Tokens map[string][]byte `json:"tokens"`
 	Routes map[string]Route  `json:"routes"` // by "namespace/name" of the RayService or RayCluster
+
+	digests [][]byte // Accept's SHA-256s, decoded once (prepare) rather than on every request
+}
+
+// prepare decodes the accepted digests (before the table answers requests).
+func (t *Table) prepare() { t.digests = decodeDigests(t.Accept) }
+
+func decodeDigests(accept []Accepted) [][]byte {
+	d := make([][]byte, len(accept))
+	for i, a := range accept {
+		d[i], _ = hex.DecodeString(a.SHA256)
+	}
+	return d
 }
 
 // Encode is the Secret data for t (deterministic: equal tables encode equally, so the controller
@@ -89,8 +102,12 @@ func Digest(token []byte) string {
 func (t *Table) accepts(token []byte, now time.Time) Credential {
 	sum := sha256.Sum256(token)
 	got := None
-	for _, a := range t.Accept {
-		want, _ := hex.DecodeString(a.SHA256)
+	digests := t.digests
+	if len(digests) != len(t.Accept) { // a table not given to SetTable
+		digests = decodeDigests(t.Accept)
+	}
+	for i, a := range t.Accept {
+		want := digests[i]
 		live := a.Until == nil || now.Before(*a.Until)
 		if subtle.ConstantTimeCompare(sum[:], want) == 1 && live && got == None {
 			got = a.Credential
