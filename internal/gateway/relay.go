@@ -678,11 +678,13 @@ func (r *relay) writeClient(add func([]byte) []byte) {
 }
 
 // forwardHeaders sends a client's header block on to the head without any client credential; a
-// request's gets the cluster's token, and the head's address as its authority.
+// request's gets the cluster's token, and the head's address as its authority. Names are compared
+// in any case: an upper-case name is malformed in HTTP/2, but a head that reads it anyway (Ray's
+// interceptor lower-cases names and takes the first authorization) must not find the client's.
 func (r *relay) forwardHeaders(b headerBlock, fields []hpack.HeaderField, request bool) error {
 	r.ubuf.Reset()
 	for _, f := range fields {
-		switch f.Name {
+		switch strings.ToLower(f.Name) {
 		case "authorization", "x-ray-authorization", "proxy-authorization":
 			continue
 		case ":authority":

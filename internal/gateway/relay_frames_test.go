@@ -1,0 +1,299 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// The tests of this file speak HTTP/2 frame by frame on both sides of the relay: a client that sends
+// exactly the frames a test writes, and a head that records every header block it receives.
+
+// frameHead is a head on a local listener. It sends its SETTINGS, acknowledges the client's and
+// pings, records each header block (decoded), and answers each request at once Trailers-Only with
+// grpc-status 0. Its framer refuses frames over 16 KiB, as a head that advertised no larger
+// SETTINGS_MAX_FRAME_SIZE does.
+type frameHead struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	blocks []headBlock
+	errs   []error
+	conns  []net.Conn
+	closed chan net.Conn // each connection once its reader has ended
+}
+
+type headBlock struct {
+	stream uint32
+	fields []hpack.HeaderField
+}
+
+func newFrameHead(t *testing.T) *frameHead {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &frameHead{ln: ln, closed: make(chan net.Conn, 16)}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			h.mu.Lock()
+			h.conns = append(h.conns, c)
+			h.mu.Unlock()
+			go h.serve(c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, c := range h.conns {
+			c.Close()
+		}
+	})
+	return h
+}
+
+func (h *frameHead) fail(err error) {
+	h.mu.Lock()
+	h.errs = append(h.errs, err)
+	h.mu.Unlock()
+}
+
+func (h *frameHead) serve(c net.Conn) {
+	defer func() { h.closed <- c }()
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
+		return
+	}
+	fr := http2.NewFramer(c, c)
+	_ = fr.WriteSettings()
+	dec := hpack.NewDecoder(4096, nil)
+	var out bytes.Buffer
+	enc := hpack.NewEncoder(&out)
+	var block []byte
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				h.fail(err)
+			}
+			return
+		}
+		var end bool
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
+			continue
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				_ = fr.WritePing(true, f.Data)
+			}
+			continue
+		case *http2.HeadersFrame:
+			block, end = append(block[:0], f.HeaderBlockFragment()...), f.HeadersEnded()
+		case *http2.ContinuationFrame:
+			block, end = append(block, f.HeaderBlockFragment()...), f.HeadersEnded()
+		default:
+			continue
+		}
+		if !end {
+			continue
+		}
+		stream := f.Header().StreamID
+		fields, err := dec.DecodeFull(block)
+		if err != nil {
+			h.fail(fmt.Errorf("stream %d: %w", stream, err))
+			return
+		}
+		h.mu.Lock()
+		h.blocks = append(h.blocks, headBlock{stream, fields})
+		h.mu.Unlock()
+		for _, f := range fields {
+			if f.Name == ":path" {
+				out.Reset()
+				for _, kv := range [][2]string{{":status", "200"}, {"content-type", "application/grpc"}, {"grpc-status", "0"}} {
+					_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+				}
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: out.Bytes(), EndHeaders: true, EndStream: true})
+			}
+		}
+	}
+}
+
+// received is every header block the head has decoded, and its errors.
+func (h *frameHead) received() ([]headBlock, []error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]headBlock(nil), h.blocks...), append([]error(nil), h.errs...)
+}
+
+// relayTo serves the gateway's Ray Client port in front of head (every address its head): the
+// address to dial.
+func relayTo(t *testing.T, head *frameHead, o Options) (string, *ClientServer) {
+	o.ClientPort = 10001
+	if o.Dial == nil {
+		o.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", head.ln.Addr().String())
+		}
+	}
+	g := New(o)
+	g.SetTable(testTable())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := g.ClientServer()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), srv
+}
+
+// frameClient is a client that writes the frames it is told to.
+type frameClient struct {
+	t    *testing.T
+	conn net.Conn
+	fr   *http2.Framer
+	enc  *hpack.Encoder
+	buf  bytes.Buffer
+	dec  *hpack.Decoder
+}
+
+func dialFrames(t *testing.T, addr string) *frameClient {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	c := &frameClient{t: t, conn: conn, fr: http2.NewFramer(conn, conn), dec: hpack.NewDecoder(4096, nil)}
+	c.enc = hpack.NewEncoder(&c.buf)
+	_, _ = io.WriteString(conn, http2.ClientPreface)
+	_ = c.fr.WriteSettings()
+	return c
+}
+
+// request is a gRPC request's fields to svc-gw.ml with auth ("" for none), then extra.
+func request(auth string, extra ...[2]string) [][2]string {
+	f := [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/ray.rpc.RayletDriver/GetObject"},
+		{":authority", "svc-gw.ml:10001"}, {"content-type", "application/grpc"}, {"te", "trailers"}}
+	if auth != "" {
+		f = append(f, [2]string{"authorization", auth})
+	}
+	return append(f, extra...)
+}
+
+// block encodes fields with the client's encoder (its dynamic table included).
+func (c *frameClient) block(fields [][2]string) []byte {
+	c.buf.Reset()
+	for _, f := range fields {
+		_ = c.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return append([]byte(nil), c.buf.Bytes()...)
+}
+
+func (c *frameClient) headers(stream uint32, end bool, fields [][2]string) {
+	c.t.Helper()
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: c.block(fields), EndHeaders: true, EndStream: end}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// answer reads frames (acknowledging SETTINGS) until stream's grpc-status; see is called with
+// every other frame.
+func (c *frameClient) answer(stream uint32, see func(http2.Frame)) string {
+	c.t.Helper()
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("stream %d: no answer: %v", stream, err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = c.fr.WriteSettingsAck()
+			}
+		case *http2.HeadersFrame:
+			fields, err := c.dec.DecodeFull(f.HeaderBlockFragment())
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			for _, hf := range fields {
+				if hf.Name == "grpc-status" && f.StreamID == stream {
+					return hf.Value
+				}
+			}
+		default:
+			if see != nil {
+				see(f)
+			}
+		}
+	}
+}
+
+// credentialFields are the fields of a block a server could read a credential from, whatever the
+// case of their names.
+func credentialFields(fields []hpack.HeaderField) []string {
+	var creds []string
+	for _, f := range fields {
+		switch name := strings.ToLower(f.Name); {
+		case name == "authorization", name == "x-ray-authorization", name == "proxy-authorization",
+			name == "cookie" && strings.Contains(f.Value, cookieName):
+			creds = append(creds, f.Name+": "+f.Value)
+		}
+	}
+	return creds
+}
+
+// TestRayClientHeadSeesOnlyTheClustersToken: whatever names a client gives its credentials — any
+// case, several fields, cookie crumbs (RFC 9113 8.2.3) — the head reads exactly one credential, the
+// cluster's token, and no client token in any field.
+func TestRayClientHeadSeesOnlyTheClustersToken(t *testing.T) {
+	head := newFrameHead(t)
+	addr, _ := relayTo(t, head, Options{})
+	c := dialFrames(t, addr)
+	good := "Bearer " + string(clientCurrent)
+	c.headers(1, true, request(good,
+		[2]string{"Authorization", "Bearer " + string(clientPrevious)},
+		[2]string{"AUTHORIZATION", good},
+		[2]string{"x-ray-authorization", good},
+		[2]string{"X-Ray-Authorization", good},
+		[2]string{"Proxy-Authorization", good},
+		[2]string{"cookie", "a=b"},
+		[2]string{"cookie", cookieName + "=" + string(clientCurrent)},
+		[2]string{"Cookie", cookieName + "=" + string(clientPending)},
+		[2]string{"authorization", "Bearer " + string(clientPrevious)}))
+	if s := c.answer(1, nil); s != "0" {
+		t.Fatalf("grpc-status %s, want 0", s)
+	}
+	blocks, errs := head.received()
+	if len(errs) > 0 || len(blocks) != 1 {
+		t.Fatalf("the head received %d blocks, errors %v", len(blocks), errs)
+	}
+	want := []string{"authorization: Bearer " + string(clusterToken1)}
+	if got := credentialFields(blocks[0].fields); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the head read credentials %q, want only %q", got, want)
+	}
+	for _, f := range blocks[0].fields {
+		for _, tok := range [][]byte{clientCurrent, clientPrevious, clientPending} {
+			if strings.Contains(f.Name+f.Value, string(tok)) {
+				t.Errorf("a client token reached the head in %s", f.Name)
+			}
+		}
+	}
+}
