@@ -497,16 +497,26 @@ func (r *relay) noteSettings(p []byte, maxFrame, table *atomic.Uint32) {
 	}
 }
 
-// decode decodes a header block with dec, whose peer may use a table of up to table bytes.
+// decode decodes a header block with dec, whose peer may use a table of up to table bytes. A list
+// over limit is an error, found without holding it: a block of one-byte fields decodes to hundreds
+// of times its size (fields past the limit are decoded for the table's sake, and dropped).
 func decode(dec *hpack.Decoder, table uint32, b []byte, limit int) ([]hpack.HeaderField, error) {
 	dec.SetAllowedMaxDynamicTableSize(table)
-	fields, err := dec.DecodeFull(b)
-	if err != nil {
+	var fields []hpack.HeaderField
+	size := 0
+	dec.SetEmitEnabled(true)
+	dec.SetEmitFunc(func(f hpack.HeaderField) {
+		if size += int(f.Size()); size > limit {
+			dec.SetEmitEnabled(false)
+			return
+		}
+		fields = append(fields, f)
+	})
+	if _, err := dec.Write(b); err != nil {
 		return nil, err
 	}
-	size := 0
-	for _, f := range fields {
-		size += int(f.Size())
+	if err := dec.Close(); err != nil {
+		return nil, err
 	}
 	if size > limit {
 		return nil, errProtocol

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -295,5 +296,35 @@ func TestRayClientHeadSeesOnlyTheClustersToken(t *testing.T) {
 				t.Errorf("a client token reached the head in %s", f.Name)
 			}
 		}
+	}
+}
+
+// TestHeaderListOverTheLimitIsNotHeld: a header block of one-byte fields (each an index into the
+// static table, or into one large dynamic entry) decodes to a list hundreds of times its size. The
+// gateway refuses it, and holds no more than about the limit while finding out: an unauthenticated
+// client sends one such block per connection before the gateway knows who it is.
+func TestHeaderListOverTheLimitIsNotHeld(t *testing.T) {
+	const limit = 64 << 10
+	var big bytes.Buffer
+	enc := hpack.NewEncoder(&big)
+	_ = enc.WriteField(hpack.HeaderField{Name: "x", Value: strings.Repeat("v", 4000)}) // dynamic index 62
+	for name, block := range map[string][]byte{
+		"static":  bytes.Repeat([]byte{0x82}, limit), // :method GET, 42 bytes decoded per byte
+		"dynamic": append(big.Bytes(), bytes.Repeat([]byte{0x80 | 62}, limit-big.Len())...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			dec := hpack.NewDecoder(4096, nil)
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, err := decode(dec, 4096, block, limit)
+			runtime.ReadMemStats(&after)
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("decode: %v, want the protocol error of a list over the limit", err)
+			}
+			if n := after.TotalAlloc - before.TotalAlloc; n > 4*limit {
+				t.Errorf("decoding a %d-byte block over the limit allocated %d KiB (want at most %d KiB)", len(block), n>>10, 4*limit>>10)
+			}
+		})
 	}
 }
