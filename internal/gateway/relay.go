@@ -239,6 +239,7 @@ type relay struct {
 	streams   map[uint32]*relayStream // the streams forwarded and not over: nothing of any other goes to the head
 	lastID    uint32                  // the highest stream the client opened
 	opened    bool                    // the head is dialled and the pumps run
+	closed    bool                    // close has run: a head dialled since is closed at once
 	draining  bool
 	idle      *time.Timer
 	closeOnce sync.Once
@@ -340,10 +341,11 @@ func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
 func (r *relay) close() {
 	r.closeOnce.Do(func() {
 		r.client.Close()
+		r.mu.Lock()
+		r.closed = true
 		if r.up != nil {
 			r.up.Close()
 		}
-		r.mu.Lock()
 		if r.idle != nil {
 			r.idle.Stop()
 		}
@@ -599,7 +601,17 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 			a.result, a.grpcCode, a.message = UpstreamError, grpcUnavailable, "raysync gateway: the cluster did not answer"
 			rec.result = UpstreamError
 		} else {
-			r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayWriteBuffer)
+			r.mu.Lock()
+			closed := r.closed
+			if !closed {
+				r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayWriteBuffer)
+			}
+			r.mu.Unlock()
+			if closed { // by Shutdown or Close meanwhile
+				up.Close()
+				a.result, a.grpcCode, a.message = UpstreamError, grpcUnavailable, "raysync gateway: shutting down"
+				rec.result = UpstreamError
+			}
 		}
 	}
 	if a.result != "" {

@@ -328,3 +328,29 @@ func TestHeaderListOverTheLimitIsNotHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestRayClientClosedWhileDialling: a connection closed (Shutdown, Close) while the gateway dials
+// its head leaves no connection to the head behind once the dial returns.
+func TestRayClientClosedWhileDialling(t *testing.T) {
+	head := newFrameHead(t)
+	dialling, release := make(chan struct{}), make(chan struct{})
+	addr, srv := relayTo(t, head, Options{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		close(dialling)
+		<-release
+		return (&net.Dialer{}).DialContext(ctx, "tcp", head.ln.Addr().String())
+	}})
+	c := dialFrames(t, addr)
+	c.headers(1, false, request("Bearer "+string(clientCurrent)))
+	select {
+	case <-dialling:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway did not dial")
+	}
+	srv.Close()
+	close(release)
+	select {
+	case <-head.closed:
+	case <-time.After(5 * time.Second):
+		t.Error("the connection to the head is still open after the gateway closed its client's")
+	}
+}
