@@ -258,13 +258,12 @@ type streamRecord struct {
 	start    time.Time
 	result   string
 	cred     Credential
-	observed bool
-	ended    bool
+	observed atomic.Bool // both pumps observe: the head's at its answer, either at the stream's end
+	ended    bool        // set by the one that removes the stream from relay.streams
 }
 
 func (s *streamRecord) observe() {
-	if !s.observed {
-		s.observed = true
+	if s.observed.CompareAndSwap(false, true) {
 		s.g.opts.Observe(ProtoGRPC, s.result, s.cred, s.g.opts.Now().Sub(s.start).Seconds())
 	}
 }

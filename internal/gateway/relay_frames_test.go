@@ -25,7 +25,8 @@ import (
 // grpc-status 0. Its framer refuses frames over 16 KiB, as a head that advertised no larger
 // SETTINGS_MAX_FRAME_SIZE does.
 type frameHead struct {
-	ln     net.Listener
+	ln       net.Listener
+	keepOpen bool // answer each request's headers only, leaving its stream open
 	mu     sync.Mutex
 	blocks []headBlock
 	errs   []error
@@ -39,6 +40,7 @@ type headBlock struct {
 }
 
 func newFrameHead(t *testing.T) *frameHead {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -127,10 +129,14 @@ func (h *frameHead) serve(c net.Conn) {
 		for _, f := range fields {
 			if f.Name == ":path" {
 				out.Reset()
-				for _, kv := range [][2]string{{":status", "200"}, {"content-type", "application/grpc"}, {"grpc-status", "0"}} {
+				answer := [][2]string{{":status", "200"}, {"content-type", "application/grpc"}, {"grpc-status", "0"}}
+				if h.keepOpen {
+					answer = answer[:2]
+				}
+				for _, kv := range answer {
 					_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
 				}
-				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: out.Bytes(), EndHeaders: true, EndStream: true})
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: out.Bytes(), EndHeaders: true, EndStream: !h.keepOpen})
 			}
 		}
 	}
@@ -352,5 +358,39 @@ func TestRayClientClosedWhileDialling(t *testing.T) {
 	case <-head.closed:
 	case <-time.After(5 * time.Second):
 		t.Error("the connection to the head is still open after the gateway closed its client's")
+	}
+}
+
+// TestRayClientStreamObservedOnce: a stream the client resets while the gateway notes its answer's
+// headers is observed once; the two pumps note the same stream (run with -race: Observe is slow
+// here, so the client's reset arrives while the head's pump observes).
+func TestRayClientStreamObservedOnce(t *testing.T) {
+	head := newFrameHead(t)
+	head.keepOpen = true
+	var mu sync.Mutex
+	observed := 0
+	addr, _ := relayTo(t, head, Options{Observe: func(string, string, Credential, float64) {
+		time.Sleep(100 * time.Millisecond)
+		mu.Lock()
+		observed++
+		mu.Unlock()
+	}})
+	c := dialFrames(t, addr)
+	go func() { _, _ = io.Copy(io.Discard, c.conn) }()
+	c.headers(1, true, request("Bearer "+string(clientCurrent)))
+	time.Sleep(30 * time.Millisecond) // the head has answered; its pump is in Observe
+	_ = c.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := observed
+		mu.Unlock()
+		if n == 1 || time.Now().After(deadline) {
+			if n != 1 {
+				t.Errorf("a stream observed %d times", n)
+			}
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
