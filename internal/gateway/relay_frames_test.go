@@ -27,11 +27,11 @@ import (
 type frameHead struct {
 	ln       net.Listener
 	keepOpen bool // answer each request's headers only, leaving its stream open
-	mu     sync.Mutex
-	blocks []headBlock
-	errs   []error
-	conns  []net.Conn
-	closed chan net.Conn // each connection once its reader has ended
+	mu       sync.Mutex
+	blocks   []headBlock
+	errs     []error
+	conns    []net.Conn
+	closed   chan net.Conn // each connection once its reader has ended
 }
 
 type headBlock struct {
