@@ -29,6 +29,7 @@ type frameHead struct {
 	keepOpen bool // answer each request's headers only, leaving its stream open
 	mu       sync.Mutex
 	blocks   []headBlock
+	data     map[uint32]int // DATA bytes by stream
 	errs     []error
 	conns    []net.Conn
 	closed   chan net.Conn // each connection once its reader has ended
@@ -45,7 +46,7 @@ func newFrameHead(t *testing.T) *frameHead {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &frameHead{ln: ln, closed: make(chan net.Conn, 16)}
+	h := &frameHead{ln: ln, closed: make(chan net.Conn, 16), data: map[uint32]int{}}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -76,12 +77,13 @@ func (h *frameHead) fail(err error) {
 }
 
 func (h *frameHead) serve(c net.Conn) {
-	defer func() { h.closed <- c }()
+	defer func() { c.Close(); h.closed <- c }()
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
 		return
 	}
 	fr := http2.NewFramer(c, c)
+	fr.SetMaxReadFrameSize(16 << 10)
 	_ = fr.WriteSettings()
 	dec := hpack.NewDecoder(4096, nil)
 	var out bytes.Buffer
@@ -106,6 +108,11 @@ func (h *frameHead) serve(c net.Conn) {
 			if !f.IsAck() {
 				_ = fr.WritePing(true, f.Data)
 			}
+			continue
+		case *http2.DataFrame:
+			h.mu.Lock()
+			h.data[f.StreamID] += int(f.Length)
+			h.mu.Unlock()
 			continue
 		case *http2.HeadersFrame:
 			block, end = append(block[:0], f.HeaderBlockFragment()...), f.HeadersEnded()
@@ -392,5 +399,96 @@ func TestRayClientStreamObservedOnce(t *testing.T) {
 			return
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestRayClientLargeBlockIsSplitForTheHead: a block small on the client's side (its dynamic table
+// holds a 4 KB field, sent 15 times) is re-encoded without the dynamic table to about 50 KB, which
+// goes to the head as HEADERS and CONTINUATIONs within its SETTINGS_MAX_FRAME_SIZE.
+func TestRayClientLargeBlockIsSplitForTheHead(t *testing.T) {
+	head := newFrameHead(t)
+	addr, _ := relayTo(t, head, Options{})
+	c := dialFrames(t, addr)
+	big := strings.Repeat("v", 4000)
+	fields := request("Bearer " + string(clientCurrent))
+	for range 15 {
+		fields = append(fields, [2]string{"x-big", big})
+	}
+	block := c.block(fields)
+	if len(block) > 16<<10/2 {
+		t.Fatalf("the client's block is %d bytes: the dynamic table was not used", len(block))
+	}
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true, EndStream: true}); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.answer(1, nil); s != "0" {
+		t.Fatalf("grpc-status %s", s)
+	}
+	blocks, errs := head.received()
+	if len(errs) > 0 || len(blocks) != 1 {
+		t.Fatalf("the head received %d blocks, errors %v", len(blocks), errs)
+	}
+	n := 0
+	for _, f := range blocks[0].fields {
+		if f.Name == "x-big" && f.Value == big {
+			n++
+		}
+	}
+	if n != 15 {
+		t.Errorf("the head read x-big %d times, want 15", n)
+	}
+}
+
+// TestRayClientDroppedDataIsCredited: a stream the gateway refuses never reaches the head, nor
+// does its DATA; the connection's flow-control credit the client spent on that DATA comes back to
+// it (a WINDOW_UPDATE on stream 0), since the head never saw it to return it.
+func TestRayClientDroppedDataIsCredited(t *testing.T) {
+	head := newFrameHead(t)
+	addr, _ := relayTo(t, head, Options{})
+	c := dialFrames(t, addr)
+	c.headers(1, false, request("Bearer "+string(clientCurrent)))
+	if s := c.answer(1, nil); s != "0" {
+		t.Fatalf("stream 1: grpc-status %s", s)
+	}
+	c.headers(3, false, request("Bearer wrong"))
+	_ = c.fr.WriteData(3, false, make([]byte, 1000))
+	_ = c.fr.WriteData(3, true, make([]byte, 500))
+	_ = c.fr.WriteData(1, true, make([]byte, 7)) // after the dropped frames, on the stream forwarded
+	credit, reset := 0, false
+	if s := c.answer(3, nil); s != "16" {
+		t.Fatalf("stream 3: grpc-status %s, want 16", s)
+	}
+	for credit < 1500 {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("credited %d of 1500 bytes: %v", credit, err)
+		}
+		switch f := f.(type) {
+		case *http2.WindowUpdateFrame:
+			if f.StreamID == 0 {
+				credit += int(f.Increment)
+			}
+		case *http2.RSTStreamFrame:
+			reset = reset || f.StreamID == 3 && f.ErrCode == http2.ErrCodeNo
+		}
+	}
+	if credit != 1500 || !reset {
+		t.Errorf("credited %d bytes (want 1500), stream 3 reset with NO_ERROR: %v", credit, reset)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		head.mu.Lock()
+		on1, on3 := head.data[1], head.data[3]
+		head.mu.Unlock()
+		if on1 == 7 || time.Now().After(deadline) {
+			if on1 != 7 || on3 != 0 {
+				t.Errorf("the head received %d DATA bytes on stream 1 (want 7) and %d on the refused stream 3", on1, on3)
+			}
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if blocks, _ := head.received(); len(blocks) != 1 {
+		t.Errorf("the head received %d header blocks, want stream 1's only", len(blocks))
 	}
 }
