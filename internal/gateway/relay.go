@@ -239,6 +239,7 @@ type relay struct {
 	streams   map[uint32]*relayStream // the streams forwarded and not over: nothing of any other goes to the head
 	lastID    uint32                  // the highest stream the client opened
 	opened    bool                    // the head is dialled and the pumps run
+	closed    bool                    // close has run: a head dialled since is closed at once
 	draining  bool
 	idle      *time.Timer
 	closeOnce sync.Once
@@ -257,13 +258,12 @@ type streamRecord struct {
 	start    time.Time
 	result   string
 	cred     Credential
-	observed bool
-	ended    bool
+	observed atomic.Bool // both pumps observe: the head's at its answer, either at the stream's end
+	ended    bool        // set by the one that removes the stream from relay.streams
 }
 
 func (s *streamRecord) observe() {
-	if !s.observed {
-		s.observed = true
+	if s.observed.CompareAndSwap(false, true) {
 		s.g.opts.Observe(ProtoGRPC, s.result, s.cred, s.g.opts.Now().Sub(s.start).Seconds())
 	}
 }
@@ -340,10 +340,11 @@ func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
 func (r *relay) close() {
 	r.closeOnce.Do(func() {
 		r.client.Close()
+		r.mu.Lock()
+		r.closed = true
 		if r.up != nil {
 			r.up.Close()
 		}
-		r.mu.Lock()
 		if r.idle != nil {
 			r.idle.Stop()
 		}
@@ -497,16 +498,26 @@ func (r *relay) noteSettings(p []byte, maxFrame, table *atomic.Uint32) {
 	}
 }
 
-// decode decodes a header block with dec, whose peer may use a table of up to table bytes.
+// decode decodes a header block with dec, whose peer may use a table of up to table bytes. A list
+// over limit is an error, found without holding it: a block of one-byte fields decodes to hundreds
+// of times its size (fields past the limit are decoded for the table's sake, and dropped).
 func decode(dec *hpack.Decoder, table uint32, b []byte, limit int) ([]hpack.HeaderField, error) {
 	dec.SetAllowedMaxDynamicTableSize(table)
-	fields, err := dec.DecodeFull(b)
-	if err != nil {
+	var fields []hpack.HeaderField
+	size := 0
+	dec.SetEmitEnabled(true)
+	dec.SetEmitFunc(func(f hpack.HeaderField) {
+		if size += int(f.Size()); size > limit {
+			dec.SetEmitEnabled(false)
+			return
+		}
+		fields = append(fields, f)
+	})
+	if _, err := dec.Write(b); err != nil {
 		return nil, err
 	}
-	size := 0
-	for _, f := range fields {
-		size += int(f.Size())
+	if err := dec.Close(); err != nil {
+		return nil, err
 	}
 	if size > limit {
 		return nil, errProtocol
@@ -589,7 +600,17 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 			a.result, a.grpcCode, a.message = UpstreamError, grpcUnavailable, "raysync gateway: the cluster did not answer"
 			rec.result = UpstreamError
 		} else {
-			r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayWriteBuffer)
+			r.mu.Lock()
+			closed := r.closed
+			if !closed {
+				r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayWriteBuffer)
+			}
+			r.mu.Unlock()
+			if closed { // by Shutdown or Close meanwhile
+				up.Close()
+				a.result, a.grpcCode, a.message = UpstreamError, grpcUnavailable, "raysync gateway: shutting down"
+				rec.result = UpstreamError
+			}
 		}
 	}
 	if a.result != "" {
@@ -678,11 +699,13 @@ func (r *relay) writeClient(add func([]byte) []byte) {
 }
 
 // forwardHeaders sends a client's header block on to the head without any client credential; a
-// request's gets the cluster's token, and the head's address as its authority.
+// request's gets the cluster's token, and the head's address as its authority. Names are compared
+// in any case: an upper-case name is malformed in HTTP/2, but a head that reads it anyway (Ray's
+// interceptor lower-cases names and takes the first authorization) must not find the client's.
 func (r *relay) forwardHeaders(b headerBlock, fields []hpack.HeaderField, request bool) error {
 	r.ubuf.Reset()
 	for _, f := range fields {
-		switch f.Name {
+		switch strings.ToLower(f.Name) {
 		case "authorization", "x-ray-authorization", "proxy-authorization":
 			continue
 		case ":authority":
