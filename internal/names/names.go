@@ -45,6 +45,17 @@ const (
 	RotationBlockedAnnotation = "raysync.dev/rotation-blocked"
 	// RotateAnnotation is set by `syncer rotate`: rotate this cluster now, whatever its policy.
 	RotateAnnotation = "raysync.dev/rotate"
+	// RotationAbandonedAnnotation names the rotation whose restart raysync gave up on a cluster (it
+	// resumed the cluster on the token it had): its policy does not restart it again for that rotation.
+	RotationAbandonedAnnotation = "raysync.dev/rotation-abandoned"
+
+	// TokenRotationAnnotation on a RayCluster: the rotation whose token raysync wrote into the cluster's
+	// auth Secret, and TokenWrittenAtAnnotation when (RFC 3339): containers started after that hold it.
+	// A rotation number and a time, never the token or its hash (more people read RayClusters than
+	// Secrets). It outlives the Secret, so a Secret deleted or re-created under running containers
+	// can be given back the token they hold.
+	TokenRotationAnnotation  = "raysync.dev/token-rotation"
+	TokenWrittenAtAnnotation = "raysync.dev/token-written-at"
 
 	// KindRotationLedger marks the Secret that numbers the canonical tokens raysync has seen.
 	KindRotationLedger = "rotation_ledger"
@@ -171,7 +182,22 @@ const (
 	ReasonRotationHeld          = "RotationHeld"
 	ReasonRotationNotNeeded     = "RotationNotNeeded"
 	ReasonTokenRestored         = "TokenRestored"
+	ReasonRotationAbandoned     = "RotationAbandoned"
 )
+
+// Why raysync gave up a restart and resumed the cluster: raysync_rotations_abandoned_total{reason}.
+const (
+	// AbandonCannotMove: every pod is gone, but the cluster's Secret cannot take the new token (other
+	// clusters run on it, it is not raysync's, the source is unusable).
+	AbandonCannotMove = "cannot_move"
+	// AbandonTimeout: still suspended after --rotation-timeout (its pods did not go).
+	AbandonTimeout = "timeout"
+	// AbandonUnmanaged: raysync no longer manages the cluster (out of scope, skipped, no token auth).
+	AbandonUnmanaged = "unmanaged"
+)
+
+// AbandonReasons lists every reason a restart is abandoned.
+var AbandonReasons = []string{AbandonCannotMove, AbandonTimeout, AbandonUnmanaged}
 
 // TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.
 const TLSVolumeName = "raysync-autoscaler-tls"

@@ -56,6 +56,9 @@ func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
 		return err
 	}
 	switch {
+	case p.Abandons != "":
+		a.metrics.RotationsAbandoned.WithLabelValues(p.Abandons).Inc()
+		log.Warn("token rotation abandoned: the cluster resumed on the token it had", zap.String("reason", p.Abandons))
 	case p.Starts != "":
 		a.metrics.RotationsStarted.WithLabelValues(p.Starts).Inc()
 		log.Info("token rotation started", zap.String("action", p.Starts))
