@@ -71,6 +71,20 @@ func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
 	return nil
 }
 
+// recordToken writes a RayCluster's record of the token its containers run on.
+func (a *applier) recordToken(ctx context.Context, r RecordToken, log *zap.Logger) error {
+	if a.dryRun {
+		log.Info("dry-run: would record on the RayCluster which rotation's token its containers run on")
+		return nil
+	}
+	_, err := a.dyn.Resource(kuberay.RayClusterGVR).Namespace(r.Namespace).Patch(ctx, r.Name, types.MergePatchType, r.Patch,
+		metav1.PatchOptions{FieldManager: names.FieldManager})
+	if err = a.settle("record the token rotation on RayCluster "+r.Namespace+"/"+r.Name, err); err == nil {
+		log.Debug("recorded on the RayCluster which rotation's token its containers run on")
+	}
+	return err
+}
+
 // sourceChange reports what one observation of a source meant: a SourceInvalid Warning on the source
 // when it became invalid (for a new reason), a rotation in the metrics when its content changed.
 func (a *applier) sourceChange(src source, ch sourceChange) {

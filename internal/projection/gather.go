@@ -94,7 +94,7 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 		if in.Target == nil {
 			g.markForeign(in, t.Name, t.Mode == Generated)
 		}
-		in.Readers, in.SharedWith = g.readers(ns, t.Name, name)
+		in.Readers, in.SharedWith, in.sharedRecords = g.readers(ns, t.Name, name)
 	}
 	if !g.cfg.Pods.enabled() {
 		return in
@@ -140,15 +140,19 @@ func (g *gatherer) markForeign(in *ClusterInput, name string, generated bool) {
 
 // readers are the pods of the other RayClusters in ns whose pods read their token from secret
 // (selected or not), and those clusters' names: whether it may have been read is decided over all of them.
-func (g *gatherer) readers(ns, secret, self string) (pods []*corev1.Pod, clusters []string) {
+func (g *gatherer) readers(ns, secret, self string) (pods []*corev1.Pod, clusters []string, records map[string]tokenRecord) {
 	for _, rc := range g.caches.ClustersReading(ns, secret) {
 		if rc.GetName() != self {
 			pods = append(pods, g.caches.Pods(ns, rc.GetName())...)
 			clusters = append(clusters, rc.GetName())
+			if records == nil {
+				records = map[string]tokenRecord{}
+			}
+			records[rc.GetName()] = recordOf(rc)
 		}
 	}
 	slices.Sort(clusters)
-	return pods, clusters
+	return pods, clusters, records
 }
 
 // see puts a Secret read from the API (a create found its name taken) in place of what the caches

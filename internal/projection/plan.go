@@ -92,6 +92,16 @@ type PatchRotation struct {
 	Abandons string
 }
 
+// RecordToken writes onto a RayCluster raysync's record of the token its containers run on
+// (names.TokenRotationAnnotation and TokenWrittenAtAnnotation; null values remove them): a JSON merge
+// patch carrying the cluster's UID as precondition, so it never lands on a namesake.
+type RecordToken struct {
+	Namespace, Name string
+	Patch           []byte
+}
+
+func (RecordToken) isAction() {}
+
 func (CreateSecret) isAction()  {}
 func (UpdateSecret) isAction()  {}
 func (ReplaceSecret) isAction() {}
@@ -116,6 +126,8 @@ type ClusterInput struct {
 	Readers []*corev1.Pod
 	// SharedWith names the other RayClusters whose pods read the token target, running or not.
 	SharedWith []string
+	// sharedRecords are their records of the token their containers run on (plan_token_record.go).
+	sharedRecords map[string]tokenRecord
 	// Foreign are the Secret names the cluster needs (its token target, copies of pod sources) that
 	// exist in its namespace and are not raysync's, as the caches show: never written, never referenced.
 	Foreign map[string]bool
