@@ -266,12 +266,13 @@ func TestChartWebhook(t *testing.T) {
 		t.Run("self-managed/"+c.name, func(t *testing.T) {
 			objs := render(t, c.set...)
 			whs := webhooks(t, objs)
-			for name, want := range map[string]struct{ path, resource, objectSelector string }{
+			for name, want := range map[string]struct{ path, resource, objectSelector, sideEffects string }{
 				"pods.raysync.dev": {"/mutate-pods", "pods", asJSON(map[string]any{
 					"matchLabels":      map[string]any{"app.kubernetes.io/created-by": "kuberay-operator"},
-					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}})},
+					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}}), "None"},
+				// raysync creates the cluster's auth Secret itself (never on a dry-run request)
 				"secrets.raysync.dev": {"/mutate-secrets", "secrets", asJSON(map[string]any{
-					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}})},
+					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}}), "NoneOnDryRun"},
 			} {
 				w := whs[name]
 				if w == nil {
@@ -279,7 +280,7 @@ func TestChartWebhook(t *testing.T) {
 					continue
 				}
 				for field, v := range map[string]any{
-					"failurePolicy": "Ignore", "sideEffects": "None", "matchPolicy": "Equivalent", "reinvocationPolicy": "Never",
+					"failurePolicy": "Ignore", "sideEffects": want.sideEffects, "matchPolicy": "Equivalent", "reinvocationPolicy": "Never",
 					"timeoutSeconds": float64(2), "admissionReviewVersions": []any{"v1"},
 					"rules": []any{map[string]any{"operations": []any{"CREATE"}, "apiGroups": []any{""}, "apiVersions": []any{"v1"},
 						"resources": []any{want.resource}, "scope": "Namespaced"}},

@@ -143,7 +143,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		}),
 		Admission: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_admission_requests_total",
-			Help: "Admission requests the webhook answered (always allowed), by resource and result: mutated, unchanged, skipped, invalid.",
+			Help: "Admission requests the webhook answered (always allowed, never with a token), by resource and result: mutated (a pod), created (raysync created the cluster's auth Secret itself), unchanged, skipped, invalid.",
 		}, []string{"resource", "result"}),
 		AdmissionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "raysync_admission_duration_seconds",
@@ -177,7 +177,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		m.RotationsAbandoned.WithLabelValues(r)
 	}
 	for _, r := range []string{"pods", "secrets"} {
-		for _, res := range []string{"mutated", "unchanged", "skipped", "invalid"} {
+		for _, res := range names.AdmitResults {
 			m.Admission.WithLabelValues(r, res)
 		}
 	}

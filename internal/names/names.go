@@ -207,8 +207,12 @@ const FieldManager = "raysync"
 
 // Admission outcomes: raysync_admission_requests_total{result} and the webhook's logs.
 const (
-	AdmitMutated   = "mutated"   // raysync's entries (or the canonical token) added
-	AdmitUnchanged = "unchanged" // it already carries them, or raysync has nothing to add
+	AdmitMutated   = "mutated"   // raysync's entries added to a pod
+	AdmitCreated   = "created"   // raysync created the cluster's auth Secret itself, with the canonical token (KubeRay's create then fails with AlreadyExists)
+	AdmitUnchanged = "unchanged" // it already carries them, the Secret exists already, or raysync has nothing to add
 	AdmitSkipped   = "skipped"   // not raysync's to change now (the reason says why)
 	AdmitInvalid   = "invalid"   // the object in the request could not be read
 )
+
+// AdmitResults lists every admission outcome.
+var AdmitResults = []string{AdmitMutated, AdmitCreated, AdmitUnchanged, AdmitSkipped, AdmitInvalid}

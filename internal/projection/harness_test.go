@@ -69,7 +69,7 @@ func newDryRunHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstruc
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
 		kuberay.ListKinds, dynObjs...)
-	caches := informer.New(kube, dyn, nil, informer.Config{Namespaces: []string{ns}, Sources: cfg.Sources()})
+	caches := informer.New(kube, dyn, nil, informer.Config{Namespaces: []string{ns}, Sources: cfg.Watched()})
 	rec := record.NewFakeRecorder(100)
 	h := &harness{kube: kube, dyn: dyn, recorder: rec}
 	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })
