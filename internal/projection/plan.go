@@ -239,11 +239,15 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd != "" {
 		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], names.OwnerKind(crd)
 	}
-	planToken(in, cfg, &p)
+	f := planToken(in, cfg, &p)
 	if cfg.Pods.enabled() {
 		planPodConfig(in, cfg, &p)
 	}
 	planGatewayAddress(in, cfg, &p)
+	if f != nil {
+		// Last: the template patch carries the resourceVersion the record's patch would change.
+		p.recordToken(f)
+	}
 	return p
 }
 

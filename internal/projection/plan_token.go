@@ -59,20 +59,24 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 // the canonical token into it while no container that reads it can have started, or refuse a Secret
 // raysync does not own. Once a container may have read it, the target keeps the token it holds: the
 // clusters reading it move to a new token only as a whole (plan_rotation.go).
-func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
+// It returns what it read of the target (nil without one), for the RayCluster's record (recordToken).
+func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) *tokenFacts {
 	t, ok, err := TokenTargetFor(in.Cluster, cfg.Source)
 	if err != nil {
 		p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot read spec.authOptions: %v; leaving this cluster alone", err))
-		return
+		return nil
 	}
 	if !ok {
-		return
+		return nil
 	}
 	p.Status.Mode = t.Mode
 	f := tokenFactsOf(in, cfg, t)
 	c := classifyTokenTarget(f)
 	p.TokenCase = string(c)
-	p.actOnToken(f, c)
+	if p.actOnToken(f, c) {
+		return f
+	}
+	return nil
 }
 
 // tokenCase is what raysync makes of a cluster's token target: the first of tokenChecks that holds.
@@ -243,18 +247,18 @@ var tokenStates = map[tokenCase]string{
 }
 
 // actOnToken plans what case c of the token target means: its writes and Events, its state, and
-// where the cluster stands.
-func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
+// where the cluster stands. It returns false when raysync leaves the target alone altogether.
+func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) bool {
 	in, cfg, t, cur, token := f.in, f.cfg, f.t, f.cur, f.src.value
 	p.Status.Token = tokenStates[c]
 	switch c {
 	case tokenSourceInvalid:
-		return
+		return false
 	case tokenNotOwned:
 		p.Refused++
 		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
 			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
-		return
+		return false
 	case tokenSourceKeyMismatch:
 		p.TargetHoldsCurrent = true
 		p.warnOnce(in, names.ReasonSourceKeyMismatch, fmt.Sprintf(
@@ -305,7 +309,7 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
 		p.event(in, corev1.EventTypeNormal, reason, message)
 	}
 	p.recordStanding(in, cfg, t, runsOnCurrent(f, c))
-	p.recordToken(f)
+	return true
 }
 
 func restoredFromRecordMessage(t TokenTarget, in *ClusterInput, source types.NamespacedName) string {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
@@ -175,4 +176,19 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// The record's patch comes last: the template patch carries the resourceVersion it would change.
+func TestTokenRecordAfterTheTemplatePatch(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Ledger: types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "raysync-rotations"},
+		Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}}}.withDefaults()
+	in := input(cfg, templatedCluster("c1"), []*corev1.Secret{sourceSecret(token), pullSecretSource()}, copies(pullCopy()), withLedger)
+	var got []string
+	for _, a := range planCluster(in, cfg).Actions {
+		got = append(got, fmt.Sprintf("%T", a))
+	}
+	want := []string{"projection.CreateSecret", "projection.RecordEvent", "projection.PatchCluster", "projection.RecordEvent", "projection.RecordToken"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("actions %v, want %v", got, want)
+	}
 }
