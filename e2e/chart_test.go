@@ -861,3 +861,47 @@ func jsonOf(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// The webhook's NetworkPolicy: none by default; on request, the webhook port from the API server's
+// peers only, metrics and probes from anywhere, and never a webhook rule without peers (which would
+// admit everyone).
+func TestChartWebhookNetworkPolicy(t *testing.T) {
+	base := "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true"
+	asJSON := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	policies := func(set string) []*unstructured.Unstructured {
+		t.Helper()
+		out, err := helm(t, "template", "rs", chart, "--namespace", "raysync", "--set", base+set)
+		if err != nil {
+			t.Fatalf("helm template (%s): %v\n%s", set, err, out)
+		}
+		var nps []*unstructured.Unstructured
+		for _, o := range renderedObjects(t, out) {
+			if o.GetKind() == "NetworkPolicy" {
+				nps = append(nps, o)
+			}
+		}
+		return nps
+	}
+	if nps := policies(""); len(nps) != 0 {
+		t.Errorf("a NetworkPolicy by default: %v", nps[0].GetName())
+	}
+	nps := policies(",webhook.networkPolicy.enabled=true,webhook.networkPolicy.from[0].ipBlock.cidr=198.18.0.0/28")
+	if len(nps) != 1 {
+		t.Fatalf("%d NetworkPolicies, want 1", len(nps))
+	}
+	got, _, _ := unstructured.NestedFieldCopy(nps[0].Object, "spec")
+	want := map[string]any{
+		"podSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "raysync", "app.kubernetes.io/instance": "rs"}},
+		"policyTypes": []any{"Ingress"},
+		"ingress": []any{
+			map[string]any{"ports": []any{map[string]any{"port": "webhook"}}, "from": []any{map[string]any{"ipBlock": map[string]any{"cidr": "198.18.0.0/28"}}}},
+			map[string]any{"ports": []any{map[string]any{"port": "metrics"}, map[string]any{"port": "health"}}},
+		},
+	}
+	if asJSON(got) != asJSON(want) {
+		t.Errorf("NetworkPolicy spec %s, want %s", asJSON(got), asJSON(want))
+	}
+	if out, err := helm(t, "template", "rs", chart, "--set", base+",webhook.networkPolicy.enabled=true"); err == nil {
+		t.Errorf("a webhook NetworkPolicy without peers rendered:\n%.300s", out)
+	}
+}
