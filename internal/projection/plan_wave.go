@@ -261,7 +261,7 @@ func advance(u *unit, now, started time.Time, timeout time.Duration) (done bool,
 		// resumes a suspended cluster only on an explicit suspend: false.
 		return false, []Action{PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(),
 			Patch: mergePatch(rc, nil, map[string]any{"suspend": false})}}
-	case suspended(rc) && gone && !writesToken(m.plan):
+	case suspended(rc) && gone && !writesToken(m.plan) && !tokenComing(m.plan):
 		// Nothing will put the new token into its Secret: waiting would keep the cluster down for ever.
 		return true, abandon(u, names.AbandonCannotMove, fmt.Sprintf("restart for rotation %s abandoned: every pod is gone, but %s; "+
 			"resumed the cluster on the token its Secret holds. It stays behind", target, whyNoToken(m.plan)))
@@ -317,6 +317,13 @@ func writesToken(p ClusterPlan) bool {
 	})
 }
 
+// tokenComing: the cluster's Secret is not written in this plan, but will be without anyone's help (KubeRay
+// creates it, then raysync writes it) or once the source is usable again: the restart waits (up to the
+// timeout) rather than give up.
+func tokenComing(p ClusterPlan) bool {
+	return p.TokenCase == string(tokenLeftToKubeRay) || p.TokenCase == string(tokenSourceInvalid)
+}
+
 // whyNoToken says why a cluster's Secret does not take the current token, from its plan.
 func whyNoToken(p ClusterPlan) string {
 	switch {
@@ -324,8 +331,6 @@ func whyNoToken(p ClusterPlan) string {
 		return p.Standing.Cannot
 	case p.Status.Token == names.StateNotOwned:
 		return "its auth Secret is not raysync's to write"
-	case p.Status.Token == names.StateSourceInvalid:
-		return "the canonical token source is unusable"
 	case p.Status.Token == names.StateMissing:
 		return "its auth Secret is missing while containers of clusters naming it run"
 	}

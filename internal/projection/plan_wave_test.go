@@ -276,6 +276,24 @@ func TestWaveNeverLeavesAClusterSuspended(t *testing.T) {
 			},
 			want: []string{"abandon RayCluster c1", "event RotationAbandoned c1"},
 		},
+		"suspended, every pod gone, the source unusable for a moment: the restart waits": {
+			views: func() []clusterView {
+				rc := restartCluster("c1", inFlight(time.Minute)...)
+				in := input(cfg, rc, []*corev1.Secret{sourceSecret(" bad ")}, withRotation,
+					target(secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))))
+				return []clusterView{{in: in, plan: planCluster(in, cfg)}}
+			},
+			inFlight: 1,
+		},
+		"suspended, every pod gone, its Secret deleted and left to KubeRay to create: the restart waits": {
+			views: func() []clusterView {
+				c := cfg
+				c.NoPrecreate = true
+				in := input(c, restartCluster("c1", inFlight(time.Minute)...), []*corev1.Secret{sourceSecret(token)}, withRotation)
+				return []clusterView{{in: in, plan: planCluster(in, c)}}
+			},
+			inFlight: 1,
+		},
 		"suspended past --rotation-timeout with pods left: resumed on the token it had, and the wave goes on": {
 			views: func() []clusterView {
 				return []clusterView{view(t, cfg, restartCluster("c1", inFlight(2*time.Hour)...), false), view(t, cfg, restartCluster("c2"), false)}
