@@ -35,8 +35,10 @@ func TestDeletedSecretUnderTheCurrentTokenIsPutBack(t *testing.T) {
 		env.WaitRayServiceReady(ns, "serve", 120*time.Second, func(active string) bool { return active == cluster })
 		env.waitRecord(ns, cluster, "1")
 
+		start := time.Now()
 		deleted := env.deleteSecret(ns, name)
 		env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
+		t.Logf("MEASURE secret-restored kuberay=%s delete_to_canonical_ms=%d", env.KubeRayVersion, time.Since(start).Milliseconds())
 		env.WaitEvent(ns, cluster, "TokenRestored", 10*time.Second)
 		s.WaitMetric("raysync_target_in_sync", map[string]string{"namespace": ns, "raycluster": cluster}, 1, 10*time.Second)
 		env.assertNewWorkerJoins(ns, cluster)
