@@ -19,44 +19,69 @@ import (
 // The black-box case: a RayService's cluster serves on the current canonical token; its generated
 // Secret is deleted; KubeRay re-creates it with a random token. raysync recorded on the RayCluster
 // which rotation its containers run on (a number, never the token's digest), so it puts the canonical
-// token back and new pods join the cluster. The record survives KubeRay re-writing the cluster's
-// annotations (a worker group appended to the RayService): raysync records it again.
+// token back and new pods join the cluster: the controller by writing KubeRay's re-created Secret, the
+// webhook by creating raysync's own before KubeRay's create goes on. The record survives KubeRay
+// re-writing the cluster's annotations (a worker group appended to the RayService): raysync records it
+// again.
 func TestDeletedSecretUnderTheCurrentTokenIsPutBack(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
-		ray := env.StandIn()
-		ns, token := env.NamespaceWithToken()
-		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
-		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, "serve", "v1"), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		cluster := env.WaitServiceClusters(ns, "serve", 1, nil)[0].GetName()
-		name := kuberay.CheckName(cluster)
-		env.WaitSecret(ns, name, 30*time.Second, holds(token))
-		env.WaitRayServiceReady(ns, "serve", 120*time.Second, func(active string) bool { return active == cluster })
-		env.waitRecord(ns, cluster, "1")
+		for _, webhook := range []bool{false, true} {
+			mode := map[bool]string{false: "controller", true: "webhook"}[webhook]
+			t.Run(mode, func(t *testing.T) {
+				t.Parallel()
+				env := env.With(t)
+				ray := env.StandIn()
+				ns, token := env.NamespaceWithToken()
+				args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}
+				if webhook {
+					args = append(append(args, "--precreate-auth-secrets=false"), env.webhookFor(ns, ns)...)
+				}
+				s := env.StartSyncer(args...)
+				if webhook {
+					env.waitCABundle(args)
+				}
+				if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rayService(ns, "serve", "v1"), metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				cluster := env.WaitServiceClusters(ns, "serve", 1, nil)[0].GetName()
+				name := kuberay.CheckName(cluster)
+				env.WaitSecret(ns, name, 30*time.Second, holds(token))
+				env.WaitRayServiceReady(ns, "serve", 120*time.Second, func(active string) bool { return active == cluster })
+				env.waitRecord(ns, cluster, "1")
 
-		start := time.Now()
-		deleted := env.deleteSecret(ns, name)
-		env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
-		t.Logf("MEASURE secret-restored kuberay=%s delete_to_canonical_ms=%d", env.KubeRayVersion, time.Since(start).Milliseconds())
-		env.WaitEvent(ns, cluster, "TokenRestored", 10*time.Second)
-		s.WaitMetric("raysync_target_in_sync", map[string]string{"namespace": ns, "raycluster": cluster}, 1, 10*time.Second)
-		env.assertNewWorkerJoins(ns, cluster)
+				start := time.Now()
+				deleted := env.deleteSecret(ns, name)
+				sec := env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
+				t.Logf("MEASURE secret-restored kuberay=%s mode=%s delete_to_canonical_ms=%d", env.KubeRayVersion, mode, time.Since(start).Milliseconds())
+				env.WaitEvent(ns, cluster, "TokenRestored", 10*time.Second)
+				if webhook {
+					// KubeRay's create never went through: the Secret is raysync's own.
+					if len(sec.ManagedFields) != 1 || sec.ManagedFields[0].Manager != "raysync" {
+						t.Errorf("the re-created Secret was written by %v, want raysync's create only", managers(sec.ManagedFields))
+					}
+					s.WaitMetric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "created"}, 2, 10*time.Second)
+				}
+				s.WaitMetric("raysync_target_in_sync", map[string]string{"namespace": ns, "raycluster": cluster}, 1, 10*time.Second)
+				env.assertNewWorkerJoins(ns, cluster)
 
-		// KubeRay re-writes a generated cluster's labels and annotations when worker groups are
-		// appended to its RayService: the record goes, and raysync writes it again.
-		env.appendWorkerGroup(ns, "serve")
-		env.waitAnnotation(ns, cluster, "ray.io/num-worker-groups", "2")
-		env.waitRecord(ns, cluster, "1")
-		deleted = env.deleteSecret(ns, name)
-		env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
-		env.assertNewWorkerJoins(ns, cluster)
-		env.assertServesFrom(ns, "serve", cluster)
-		env.AssertStartedWith(ns, token, cluster)
-		if st, err := ray.Stats(env.ctx, ns, cluster); err != nil {
-			t.Fatal(err)
-		} else if op := st.Requests["operator"]; op.Rejected() != 0 || st.JoinFailures != 0 {
-			t.Errorf("cluster %s: operator requests %+v, %d GCS join failures", cluster, op, st.JoinFailures)
+				if !webhook {
+					// KubeRay re-writes a generated cluster's labels and annotations when worker groups
+					// are appended to its RayService: the record goes, and raysync writes it again.
+					env.appendWorkerGroup(ns, "serve")
+					env.waitAnnotation(ns, cluster, "ray.io/num-worker-groups", "2")
+					env.waitRecord(ns, cluster, "1")
+					deleted = env.deleteSecret(ns, name)
+					env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
+					env.assertNewWorkerJoins(ns, cluster)
+				}
+				env.assertServesFrom(ns, "serve", cluster)
+				env.AssertStartedWith(ns, token, cluster)
+				if st, err := ray.Stats(env.ctx, ns, cluster); err != nil {
+					t.Fatal(err)
+				} else if op := st.Requests["operator"]; op.Rejected() != 0 || st.JoinFailures != 0 {
+					t.Errorf("cluster %s: operator requests %+v, %d GCS join failures", cluster, op, st.JoinFailures)
+				}
+			})
 		}
 	})
 }

@@ -134,6 +134,11 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte, dryRun boo
 	if owner == nil || owner.Kind != kuberay.RayClusterGVK.Kind {
 		return names.AdmitSkipped, "not controlled by a RayCluster"
 	}
+	if s.Annotations[names.TokenSHA256Annotation] != "" {
+		// raysync's own create (the controller's pre-creation, or this webhook's) passes through here
+		// too: creating it again would call the webhook again, without end.
+		return names.AdmitUnchanged, "raysync's own Secret"
+	}
 	rc, why := a.cluster(ctx, ns, owner.Name)
 	if rc == nil {
 		return names.AdmitSkipped, why
