@@ -140,12 +140,15 @@ func TestWebhookEveryPodBornRight(t *testing.T) {
 			}
 		}
 		// Every pod went through the webhook: mutated, or unchanged when raysync had patched the
-		// template before KubeRay created the pods (then they were born right from it).
+		// template before KubeRay created the pods (then they were born right from it). Since KubeRay's
+		// own create of the auth Secret fails (raysync's webhook created it), KubeRay creates the pods one
+		// pass later, and by then the templates are mostly patched: no pod needs to have been mutated.
 		mutated, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "mutated"})
 		unchanged, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "unchanged"})
-		if mutated+unchanged < 10 || mutated < 1 {
-			t.Errorf("webhook answered %v pods mutated and %v unchanged, want all 10 pods and at least one mutated", mutated, unchanged)
+		if mutated+unchanged < 10 {
+			t.Errorf("webhook answered %v pods mutated and %v unchanged, want all 10 pods", mutated, unchanged)
 		}
+		t.Logf("MEASURE webhook-pods kuberay=%s mutated=%v unchanged=%v", env.KubeRayVersion, mutated, unchanged)
 		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "created"}); v != 5 {
 			t.Errorf("webhook created %v auth Secrets with the token, want 5", v)
 		}

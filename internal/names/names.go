@@ -18,7 +18,8 @@ const (
 	// TokenSHA256Annotation: a short digest of the token, on the Secret that holds the token anyway,
 	// so people can compare targets without reading them. Never logged, never in an Event or metric.
 	TokenSHA256Annotation = "raysync.dev/token-sha256"
-	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339).
+	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339); on a Secret raysync created
+	// holding it, the second before its creation (no container can have read it earlier).
 	SyncedAtAnnotation = "raysync.dev/synced-at"
 )
 

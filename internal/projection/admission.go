@@ -153,7 +153,7 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte, dryRun boo
 	if !src.valid() {
 		return names.AdmitSkipped, "canonical source invalid"
 	}
-	at, restores := now, false
+	at, restores := bornAt(now), false
 	readers := append(slices.Clip(in.Pods), in.Readers...)
 	if slices.ContainsFunc(readers, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }) {
 		// Containers of a cluster reading it may run on a token raysync cannot tell (the Secret they

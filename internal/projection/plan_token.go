@@ -269,7 +269,7 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) bool {
 	case tokenMissing:
 		p.warnOnce(in, names.ReasonTargetMissing, missingMessage(t))
 	case tokenCreate:
-		at := in.Now
+		at := bornAt(in.Now)
 		if f.recorded {
 			at = f.recordedAt // the containers hold what raysync wrote then: the mark says so again
 		}
@@ -339,6 +339,13 @@ func missingMessage(t TokenTarget) string {
 		"new Ray pods cannot start (CreateContainerConfigError) until it exists again; restart those clusters together, or re-create it "+
 		"with the token they run on", t.Name)
 }
+
+// bornAt is the synced-at of a Secret raysync creates holding the token: the second before it is
+// created. Nothing can have read it earlier, so a container started in the very second it was created
+// counts as holding its token (startedOnCurrent counts from the second after synced-at), which a write
+// into an existing Secret cannot claim: a container may have read the earlier value in that second.
+// raysync creates one only while no container that reads it has started.
+func bornAt(now time.Time) time.Time { return now.Truncate(time.Second).Add(-time.Second) }
 
 // readWindow: KubeRay creates a cluster's Secret and pods in one pass, and raysync, watching, replaces
 // its token within milliseconds; a kubelet takes longer than this to start a container of a pod it was

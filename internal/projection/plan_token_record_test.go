@@ -100,6 +100,15 @@ func TestTokenRecordOnTheRayCluster(t *testing.T) {
 			opts:      []func(*ClusterInput){target(recreated(written.Add(2 * time.Hour))), pods(head(written.Add(time.Hour)), startedPod("c1-worker", "c1", written.Add(3*time.Hour)))},
 			wantState: names.StateFrozen,
 		},
+		"deleted under containers started in the very second raysync created the Secret (born with the token): re-created with it": {
+			rc:   rayCluster("c1", recorded(7, bornAt(written))),
+			opts: []func(*ClusterInput){pods(head(written.Truncate(time.Second)))},
+			want: func(rc *unstructured.Unstructured) []Action {
+				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, bornAt(written))},
+					RecordEvent{Object: rc, Type: corev1.EventTypeWarning, Reason: names.ReasonTokenRestored, Message: restored}}
+			},
+			wantState: names.StateOutOfSync,
+		},
 		"re-created, and a container started before the recorded write: left as it is": {
 			rc:        rayCluster("c1", recorded(7, written)),
 			opts:      []func(*ClusterInput){target(recreated(written.Add(2 * time.Hour))), pods(head(written.Add(-time.Minute)))},
@@ -113,9 +122,9 @@ func TestTokenRecordOnTheRayCluster(t *testing.T) {
 		"a new cluster: its Secret is created, then the RayCluster records rotation 7": {
 			rc: rayCluster("c1"),
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, planNow), Propagates: true},
+				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, bornAt(planNow)), Propagates: true},
 					normal(rc, names.ReasonTokenProjected, "auth Secret now holds the canonical token from raysync-system/ray-token"),
-					recordPatch(rc, "7", planNow)}
+					recordPatch(rc, "7", bornAt(planNow))}
 			},
 			wantState: names.StateOutOfSync,
 		},
