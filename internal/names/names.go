@@ -189,9 +189,9 @@ const (
 // Why raysync gave up a restart and resumed the cluster: raysync_rotations_abandoned_total{reason}.
 const (
 	// AbandonCannotMove: every pod is gone, but the cluster's Secret cannot take the new token (other
-	// clusters run on it, it is not raysync's, the source is unusable).
+	// clusters run on it, or it is not raysync's).
 	AbandonCannotMove = "cannot_move"
-	// AbandonTimeout: still suspended after --rotation-timeout (its pods did not go).
+	// AbandonTimeout: still suspended after --rotation-timeout (its pods did not go, or the source stayed unusable).
 	AbandonTimeout = "timeout"
 	// AbandonUnmanaged: raysync no longer manages the cluster (out of scope, skipped, no token auth).
 	AbandonUnmanaged = "unmanaged"
