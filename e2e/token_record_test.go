@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/raysync/raysync/e2e/framework"
 	"github.com/raysync/raysync/internal/kuberay"
 )
 
@@ -31,7 +32,12 @@ func TestDeletedSecretUnderTheCurrentTokenIsPutBack(t *testing.T) {
 				t.Parallel()
 				env := env.With(t)
 				ray := env.StandIn()
-				ns, token := env.NamespaceWithToken()
+				// Containers start 1.5 s after their pod, as kubelets do with an image to pull: when
+				// KubeRay's Secret wins the race and raysync writes the token into it, a container that
+				// started in the second of that write may hold KubeRay's token, and raysync, unable to
+				// tell, would rightly report the Secret missing instead.
+				ns, token := env.NamespaceAnnotated(map[string]string{framework.StandInStartDelay: "1500ms"}), env.NewToken()
+				env.PutSource(ns, "ray-token", tokenData(token))
 				args := []string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}
 				if webhook {
 					args = append(append(args, "--precreate-auth-secrets=false"), env.webhookFor(ns, ns)...)
