@@ -122,3 +122,27 @@ func (e *Env) rayClusterNow(ns, name string) *unstructured.Unstructured {
 	}
 	return rc
 }
+
+// A cluster raysync was restarting and then let go of (annotated raysync.dev/skip: out of raysync's
+// scope) is resumed as it was, never left suspended: raysync's marks go, spec.suspend is cleared, and
+// its pods come back on the token its Secret holds.
+func TestRaysyncResumesAClusterItLetGoOf(t *testing.T) {
+	eachKubeRay(t, func(t *testing.T, env *Env) {
+		env.StandIn()
+		ns, token := env.NamespaceWithToken()
+		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		env.CreateRayCluster(rayCluster(ns, "let-go"))
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=let-go", 2, 60*time.Second)
+		// As a restart raysync started would leave it, and skipped at the same moment.
+		env.annotateSpec(ns, "let-go", map[string]any{"raysync.dev/rotation-started": time.Now().UTC().Format(time.RFC3339),
+			"raysync.dev/rotation-target": "1", "raysync.dev/skip": "true"}, map[string]any{"suspend": true})
+		env.WaitEventMessage(ns, "let-go", "RotationAbandoned", 60*time.Second, "raysync no longer manages this cluster's token")
+		s.WaitMetric("raysync_rotations_abandoned_total", map[string]string{"reason": "unmanaged"}, 1, 10*time.Second)
+		env.WaitPodsReady(ns, kuberay.ClusterLabel+"=let-go", 2, 90*time.Second)
+		rc := env.rayClusterNow(ns, "let-go")
+		if suspend, _, _ := unstructured.NestedBool(rc.Object, "spec", "suspend"); suspend || rc.GetAnnotations()["raysync.dev/rotation-started"] != "" {
+			t.Errorf("after raysync let go: suspended %v, annotations %v", suspend, rc.GetAnnotations())
+		}
+		env.AssertStartedWith(ns, token, "let-go")
+	})
+}
