@@ -146,6 +146,8 @@ func (e *Env) deleteSecret(ns, name string) types.UID {
 
 // assertNewWorkerJoins deletes the cluster's worker pods and waits until KubeRay's new ones are Ready
 // (a worker that read a token the head refuses never joins).
+// It returns once the second of their start is over: a Secret re-created in that very second could
+// have been read by them, and raysync could not tell.
 func (e *Env) assertNewWorkerJoins(ns, cluster string) {
 	e.t.Helper()
 	pods := e.WaitPodsReady(ns, kuberay.ClusterLabel+"="+cluster, 2, 60*time.Second)
@@ -156,7 +158,7 @@ func (e *Env) assertNewWorkerJoins(ns, cluster string) {
 			}
 		}
 	}
-	e.waitFreshPods(ns, cluster, 2, podUIDs(pods))
+	e.waitForNextSecond(e.waitFreshPods(ns, cluster, 2, podUIDs(pods)))
 }
 
 // appendWorkerGroup adds a worker group at the end of a RayService's cluster spec: KubeRay updates
