@@ -70,18 +70,28 @@ func markedRecord(s *corev1.Secret, src *sourceView) (r tokenRecord, ok bool) {
 	return tokenRecord{rotation: strconv.Itoa(id), writtenAt: at.UTC().Format(time.RFC3339Nano)}, true
 }
 
-// holdsDigest says whether the rotation a record names had the token of digest.
+// holdsDigest says whether the rotation a record names had the token of digest. A number is the
+// ledger's, and a ledger started again (deleted) numbers from 1 anew: a record written before the
+// rotation of that number was first seen names an earlier ledger's, and says nothing.
 func (r tokenRecord) holdsDigest(src *sourceView, digest string) bool {
 	id, err := strconv.Atoi(r.rotation)
 	if err != nil || id == 0 || r.at().IsZero() {
 		return false
 	}
-	if src.rotation.ID == id {
-		return src.rotation.Digest == digest
+	ro := src.rotation
+	if ro.ID != id {
+		i := slices.IndexFunc(src.ledger, func(ro ledger.Rotation) bool { return ro.ID == id })
+		if i < 0 {
+			return false
+		}
+		ro = src.ledger[i]
 	}
-	i := slices.IndexFunc(src.ledger, func(ro ledger.Rotation) bool { return ro.ID == id })
-	return i >= 0 && src.ledger[i].Digest == digest
+	return ro.Digest == digest && !r.at().Before(ro.FirstSeen.Add(-ledgerLag))
 }
+
+// ledgerLag bounds how much earlier than the ledger's first sight of a token raysync can have written it
+// (the ledger and the clusters are written by different workers; first sight has whole seconds).
+const ledgerLag = time.Minute
 
 // recordedOnCurrent reports whether the RayClusters' records say that every container started among
 // the readers holds the current token (digest), when the target is gone or carries no mark of

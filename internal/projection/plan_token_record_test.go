@@ -119,6 +119,14 @@ func TestTokenRecordOnTheRayCluster(t *testing.T) {
 			opts:      []func(*ClusterInput){target(recreated(written.Add(2 * time.Hour))), pods(head(written.Add(time.Hour)))},
 			wantState: names.StateFrozen,
 		},
+		"deleted, the record names rotation 7 of a ledger started again since (written before 7 was first seen): missing": {
+			rc:   rayCluster("c1", recorded(7, rotated.FirstSeen.Add(-2*time.Hour))),
+			opts: []func(*ClusterInput){pods(head(rotated.FirstSeen.Add(-time.Hour)))},
+			want: func(rc *unstructured.Unstructured) []Action {
+				return []Action{warning(rc, names.ReasonTargetMissing, missingMessage(TokenTarget{Mode: Generated, Name: "c1"}))}
+			},
+			wantState: names.StateMissing,
+		},
 		"a new cluster: its Secret is created, then the RayCluster records rotation 7": {
 			rc: rayCluster("c1"),
 			want: func(rc *unstructured.Unstructured) []Action {
