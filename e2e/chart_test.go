@@ -266,12 +266,13 @@ func TestChartWebhook(t *testing.T) {
 		t.Run("self-managed/"+c.name, func(t *testing.T) {
 			objs := render(t, c.set...)
 			whs := webhooks(t, objs)
-			for name, want := range map[string]struct{ path, resource, objectSelector string }{
+			for name, want := range map[string]struct{ path, resource, objectSelector, sideEffects string }{
 				"pods.raysync.dev": {"/mutate-pods", "pods", asJSON(map[string]any{
 					"matchLabels":      map[string]any{"app.kubernetes.io/created-by": "kuberay-operator"},
-					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}})},
+					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}}), "None"},
+				// raysync creates the cluster's auth Secret itself (never on a dry-run request)
 				"secrets.raysync.dev": {"/mutate-secrets", "secrets", asJSON(map[string]any{
-					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}})},
+					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}}), "NoneOnDryRun"},
 			} {
 				w := whs[name]
 				if w == nil {
@@ -279,7 +280,7 @@ func TestChartWebhook(t *testing.T) {
 					continue
 				}
 				for field, v := range map[string]any{
-					"failurePolicy": "Ignore", "sideEffects": "None", "matchPolicy": "Equivalent", "reinvocationPolicy": "Never",
+					"failurePolicy": "Ignore", "sideEffects": want.sideEffects, "matchPolicy": "Equivalent", "reinvocationPolicy": "Never",
 					"timeoutSeconds": float64(2), "admissionReviewVersions": []any{"v1"},
 					"rules": []any{map[string]any{"operations": []any{"CREATE"}, "apiGroups": []any{""}, "apiVersions": []any{"v1"},
 						"resources": []any{want.resource}, "scope": "Namespaced"}},
@@ -927,5 +928,49 @@ func TestChartNotesSayHowToCheck(t *testing.T) {
 				t.Errorf("%s: NOTES lack %q:\n%s", set, w, notes)
 			}
 		}
+	}
+}
+
+// The webhook's NetworkPolicy: none by default; on request, the webhook port from the API server's
+// peers only, metrics and probes from anywhere, and never a webhook rule without peers (which would
+// admit everyone).
+func TestChartWebhookNetworkPolicy(t *testing.T) {
+	base := "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true"
+	asJSON := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	policies := func(set string) []*unstructured.Unstructured {
+		t.Helper()
+		out, err := helm(t, "template", "rs", chart, "--namespace", "raysync", "--set", base+set)
+		if err != nil {
+			t.Fatalf("helm template (%s): %v\n%s", set, err, out)
+		}
+		var nps []*unstructured.Unstructured
+		for _, o := range renderedObjects(t, out) {
+			if o.GetKind() == "NetworkPolicy" {
+				nps = append(nps, o)
+			}
+		}
+		return nps
+	}
+	if nps := policies(""); len(nps) != 0 {
+		t.Errorf("a NetworkPolicy by default: %v", nps[0].GetName())
+	}
+	nps := policies(",webhook.networkPolicy.enabled=true,webhook.networkPolicy.from[0].ipBlock.cidr=198.18.0.0/28")
+	if len(nps) != 1 {
+		t.Fatalf("%d NetworkPolicies, want 1", len(nps))
+	}
+	got, _, _ := unstructured.NestedFieldCopy(nps[0].Object, "spec")
+	want := map[string]any{
+		"podSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "raysync", "app.kubernetes.io/instance": "rs"}},
+		"policyTypes": []any{"Ingress"},
+		"ingress": []any{
+			map[string]any{"ports": []any{map[string]any{"port": "webhook"}}, "from": []any{map[string]any{"ipBlock": map[string]any{"cidr": "198.18.0.0/28"}}}},
+			map[string]any{"ports": []any{map[string]any{"port": "metrics"}, map[string]any{"port": "health"}}},
+		},
+	}
+	if asJSON(got) != asJSON(want) {
+		t.Errorf("NetworkPolicy spec %s, want %s", asJSON(got), asJSON(want))
+	}
+	if out, err := helm(t, "template", "rs", chart, "--set", base+",webhook.networkPolicy.enabled=true"); err == nil {
+		t.Errorf("a webhook NetworkPolicy without peers rendered:\n%.300s", out)
 	}
 }

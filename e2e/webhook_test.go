@@ -65,6 +65,14 @@ func (b *bornPods) missing(cluster string) (pods int, missing []string) {
 	return pods, missing
 }
 
+func managers(fs []metav1.ManagedFieldsEntry) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Manager+"/"+string(f.Operation))
+	}
+	return out
+}
+
 func hasAutoscalerTLS(p *corev1.Pod) bool {
 	i := slices.IndexFunc(p.Spec.Containers, func(c corev1.Container) bool { return c.Name == "autoscaler" })
 	return i >= 0 && slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "raysync-autoscaler-tls" }) &&
@@ -119,10 +127,10 @@ func TestWebhookEveryPodBornRight(t *testing.T) {
 			if string(sec.Data["auth_token"]) != token {
 				t.Errorf("cluster %s: auth Secret does not hold the canonical token", c)
 			}
-			for _, f := range sec.ManagedFields {
-				if f.Manager == "raysync" {
-					t.Errorf("cluster %s: raysync wrote the auth Secret (%s): it was not born with the canonical token", c, f.Operation)
-				}
+			// Born with it: raysync's webhook created it (KubeRay's own create then failed with
+			// AlreadyExists, and KubeRay adopted it), and nobody wrote it since.
+			if len(sec.ManagedFields) != 1 || sec.ManagedFields[0].Manager != "raysync" {
+				t.Errorf("cluster %s: auth Secret written by %v, want raysync's create only", c, managers(sec.ManagedFields))
 			}
 		}
 		env.AssertStartedWith(ns, token, clusters...)
@@ -132,14 +140,17 @@ func TestWebhookEveryPodBornRight(t *testing.T) {
 			}
 		}
 		// Every pod went through the webhook: mutated, or unchanged when raysync had patched the
-		// template before KubeRay created the pods (then they were born right from it).
+		// template before KubeRay created the pods (then they were born right from it). Since KubeRay's
+		// own create of the auth Secret fails (raysync's webhook created it), KubeRay creates the pods one
+		// pass later, and by then the templates are mostly patched: no pod needs to have been mutated.
 		mutated, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "mutated"})
 		unchanged, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "pods", "result": "unchanged"})
-		if mutated+unchanged < 10 || mutated < 1 {
-			t.Errorf("webhook answered %v pods mutated and %v unchanged, want all 10 pods and at least one mutated", mutated, unchanged)
+		if mutated+unchanged < 10 {
+			t.Errorf("webhook answered %v pods mutated and %v unchanged, want all 10 pods", mutated, unchanged)
 		}
-		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "mutated"}); v != 5 {
-			t.Errorf("webhook gave %v auth Secrets the token, want 5", v)
+		t.Logf("MEASURE webhook-pods kuberay=%s mutated=%v unchanged=%v", env.KubeRayVersion, mutated, unchanged)
+		if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "created"}); v != 5 {
+			t.Errorf("webhook created %v auth Secrets with the token, want 5", v)
 		}
 		if !strings.Contains(s.Output(), "renewed the webhook's serving certificate") {
 			t.Error("the serving certificate was not renewed while clusters were created")
@@ -199,8 +210,8 @@ func TestWebhookUpgradeAdoptsTheEarlierCertificate(t *testing.T) {
 	}
 	env.CreateRayCluster(rayCluster(ns, "after-upgrade"))
 	env.WaitSecret(ns, "after-upgrade", 30*time.Second, holds(token))
-	if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "mutated"}); v != 1 {
-		t.Errorf("the webhook gave %v auth Secrets the token after the upgrade, want 1", v)
+	if v, _ := s.Metric("raysync_admission_requests_total", map[string]string{"resource": "secrets", "result": "created"}); v != 1 {
+		t.Errorf("the webhook created %v auth Secrets with the token after the upgrade, want 1", v)
 	}
 	s.Stop()
 

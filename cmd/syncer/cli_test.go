@@ -90,6 +90,16 @@ func behind(held string) *projection.RotationStatus {
 	return &projection.RotationStatus{State: names.TokenBehind, Policy: names.PolicyHold, Held: held}
 }
 
+// movable: behind, held by its policy, and moved by move on request.
+func movable(move string) *projection.RotationStatus {
+	return &projection.RotationStatus{State: names.TokenBehind, Policy: names.PolicyHold, Move: move}
+}
+
+// unmovable: behind, and raysync cannot move it whatever its policy (held by default, so Held is "").
+func unmovable(why string) *projection.RotationStatus {
+	return &projection.RotationStatus{State: names.TokenBehind, Policy: names.PolicyHold, Unmovable: why}
+}
+
 // What `syncer rotate` does to a cluster, from where it stands: a request for a cluster that is not
 // behind, or that raysync cannot move, is refused, never kept.
 func TestRotateDecides(t *testing.T) {
@@ -98,13 +108,19 @@ func TestRotateDecides(t *testing.T) {
 		wantAction string
 		wantWhy    string
 	}{
-		"behind, a RayService's": {projection.ClusterStatus{OwnerKind: "RayService", Owner: "svc", Rotation: behind("")}, "replaced", "its RayService svc starts a new cluster"},
-		"behind, standalone":     {projection.ClusterStatus{Rotation: behind("")}, "restarted", "every pod stops"},
-		"behind, a RayJob's":     {projection.ClusterStatus{OwnerKind: "RayJob", Owner: "job", Rotation: behind("")}, "restarted", "not while its RayJob job runs"},
-		"current":                {projection.ClusterStatus{Rotation: &projection.RotationStatus{State: names.TokenCurrent}}, "", "not behind"},
-		"rotating":               {projection.ClusterStatus{Rotation: &projection.RotationStatus{State: names.TokenRotating}}, "", "already rotating"},
-		"held: a shared copy":    {projection.ClusterStatus{Rotation: behind("it shares the managed Secret x")}, "", "raysync cannot move it: it shares"},
-		"no token managed":       {projection.ClusterStatus{Token: names.StateNotOwned}, "", "does not manage this cluster's token"},
+		"behind, a RayService's": {projection.ClusterStatus{OwnerKind: "RayService", Owner: "svc", Rotation: movable("replace")}, "replaced", "its RayService svc starts a new cluster"},
+		"behind, standalone":     {projection.ClusterStatus{Rotation: movable("restart")}, "restarted", "every pod stops"},
+		"behind, a RayJob's":     {projection.ClusterStatus{OwnerKind: "RayJob", Owner: "job", Rotation: movable("restart")}, "restarted", "not while its RayJob job runs"},
+		"behind, held by default, sharing a managed copy with running clusters": {projection.ClusterStatus{Rotation: unmovable("it shares the managed Secret x")},
+			"", "raysync cannot move it: it shares the managed Secret x"},
+		"behind, a RayJob's, sharing a managed copy": {projection.ClusterStatus{OwnerKind: "RayJob", Owner: "job", Rotation: unmovable("it shares the managed Secret x")},
+			"", "raysync cannot move it: it shares"},
+		"behind, a RayService's whose upgradeStrategy is None, held by annotation": {projection.ClusterStatus{OwnerKind: "RayService", Owner: "svc",
+			Rotation: unmovable("its RayService has upgradeStrategy None")}, "", "raysync cannot move it: its RayService has upgradeStrategy None"},
+		"current":             {projection.ClusterStatus{Rotation: &projection.RotationStatus{State: names.TokenCurrent}}, "", "not behind"},
+		"rotating":            {projection.ClusterStatus{Rotation: &projection.RotationStatus{State: names.TokenRotating}}, "", "already rotating"},
+		"held: a shared copy": {projection.ClusterStatus{Rotation: &projection.RotationStatus{State: names.TokenBehind, Policy: names.PolicyHold, Held: "it shares the managed Secret x", Unmovable: "it shares the managed Secret x"}}, "", "raysync cannot move it: it shares"},
+		"no token managed":    {projection.ClusterStatus{Token: names.StateNotOwned}, "", "does not manage this cluster's token"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

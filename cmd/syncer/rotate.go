@@ -68,9 +68,10 @@ func decideRotation(c projection.ClusterStatus) rotateDecision {
 		d.why = "not behind: it runs on the current canonical token; nothing to do"
 	case r.State == names.TokenRotating || r.State == names.TokenBlocked:
 		d.why = "already " + r.State + ": its replacement or restart is in flight"
-	case r.Held != "":
-		d.why = "raysync cannot move it: " + r.Held
-	case c.OwnerKind == names.OwnerRayService:
+	case r.Unmovable != "":
+		// Whatever its policy: a restart of a cluster whose Secret others run on would never end.
+		d.why = "raysync cannot move it: " + r.Unmovable
+	case r.Move == names.PolicyReplace:
 		d.action = "replaced"
 		d.why = "its RayService " + c.Owner + " starts a new cluster on the current token; traffic switches when it serves"
 	default:

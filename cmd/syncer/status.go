@@ -188,8 +188,11 @@ func rotationColumn(r *projection.RotationStatus, now time.Time) string {
 		out += " " + now.Sub(*r.Since).Round(time.Second).String()
 	}
 	out += " (" + r.Policy
-	if r.Held != "" {
+	switch {
+	case r.Held != "":
 		out += ": " + r.Held
+	case r.Unmovable != "":
+		out += "; raysync cannot move it: " + r.Unmovable
 	}
 	return out + ")"
 }

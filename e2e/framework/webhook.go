@@ -12,15 +12,19 @@ import (
 // raysync injects it.
 func WebhookConfiguration(name string, port int, namespaces []string) *admissionregistrationv1.MutatingWebhookConfiguration {
 	ignore := admissionregistrationv1.Ignore
-	none := admissionregistrationv1.SideEffectClassNone
+	none, onDryRun := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.SideEffectClassNoneOnDryRun
 	never := admissionregistrationv1.NeverReinvocationPolicy
 	timeout := int32(2)
 	hook := func(name, resource, path string, labels *metav1.LabelSelector) admissionregistrationv1.MutatingWebhook {
+		sideEffects := &none
+		if resource == "secrets" {
+			sideEffects = &onDryRun // raysync creates the cluster's auth Secret itself
+		}
 		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
 		return admissionregistrationv1.MutatingWebhook{Name: name, ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
 			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{resource}}}},
-			FailurePolicy: &ignore, SideEffects: &none, TimeoutSeconds: &timeout, ReinvocationPolicy: &never,
+			FailurePolicy: &ignore, SideEffects: sideEffects, TimeoutSeconds: &timeout, ReinvocationPolicy: &never,
 			AdmissionReviewVersions: []string{"v1"}, ObjectSelector: labels,
 			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 				{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: namespaces}}}}

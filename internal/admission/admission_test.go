@@ -28,7 +28,10 @@ import (
 	"github.com/raysync/raysync/internal/podtemplate"
 )
 
-type stub struct{ ops []podtemplate.PatchOp }
+type stub struct {
+	ops    []podtemplate.PatchOp
+	dryRun *bool // what the last Secret review said
+}
 
 func (s stub) Pod(context.Context, string, []byte) ([]podtemplate.PatchOp, string, string) {
 	if len(s.ops) == 0 {
@@ -36,17 +39,20 @@ func (s stub) Pod(context.Context, string, []byte) ([]podtemplate.PatchOp, strin
 	}
 	return s.ops, names.AdmitMutated, ""
 }
-func (s stub) Secret(context.Context, string, []byte) ([]podtemplate.PatchOp, string, string) {
-	return nil, names.AdmitSkipped, "x"
+func (s stub) Secret(_ context.Context, _ string, _ []byte, dryRun bool) (string, string) {
+	*s.dryRun = dryRun
+	return names.AdmitSkipped, "x"
 }
 
 func TestHandlerAlwaysAllows(t *testing.T) {
 	ops := []podtemplate.PatchOp{{Op: "add", Path: "/spec/imagePullSecrets", Value: []any{map[string]any{"name": "regcred"}}}}
 	m := metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} })
-	h := Handler(stub{ops: ops}, m, zap.NewNop())
+	var dryRun bool
+	h := Handler(stub{ops: ops, dryRun: &dryRun}, m, zap.NewNop())
+	yes := true
 	review := func(path string, op admissionv1.Operation) (*http.Response, admissionv1.AdmissionReview) {
 		ar := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-			Request: &admissionv1.AdmissionRequest{UID: "u1", Operation: op, Namespace: "ray", Object: runtime.RawExtension{Raw: []byte(`{}`)}}}
+			Request: &admissionv1.AdmissionRequest{UID: "u1", Operation: op, Namespace: "ray", Object: runtime.RawExtension{Raw: []byte(`{}`)}, DryRun: &yes}}
 		b, _ := json.Marshal(ar)
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(b)))
@@ -65,8 +71,8 @@ func TestHandlerAlwaysAllows(t *testing.T) {
 	if _, out = review(PodsPath, admissionv1.Update); !out.Response.Allowed || out.Response.Patch != nil {
 		t.Errorf("pod UPDATE patched: %+v", out.Response)
 	}
-	if _, out = review(SecretsPath, admissionv1.Create); !out.Response.Allowed || out.Response.Patch != nil {
-		t.Errorf("skipped Secret patched: %+v", out.Response)
+	if _, out = review(SecretsPath, admissionv1.Create); !out.Response.Allowed || out.Response.Patch != nil || !dryRun {
+		t.Errorf("skipped Secret patched (or the review's dryRun not passed on: %v): %+v", dryRun, out.Response)
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, PodsPath, bytes.NewReader([]byte("not a review"))))

@@ -1,6 +1,12 @@
-// Package admission serves raysync's mutating admission webhook: Ray pods and a new cluster's auth
-// Secret get raysync's entries and the canonical token at creation. It never rejects a request and is
-// registered with failurePolicy Ignore: when it is bypassed the controller repairs as before.
+// Package admission serves raysync's mutating admission webhook: Ray pods get raysync's entries at
+// creation, and a new cluster's auth Secret is created by raysync itself, with the canonical token,
+// before KubeRay's own create goes on. It never rejects a request and is registered with
+// failurePolicy Ignore: when it is bypassed the controller repairs as before.
+//
+// No answer it gives carries a token, or anything derived from one. It does not authenticate its
+// caller (on a managed cluster nobody can make the API server present a client certificate), so an
+// answer is something anyone who reaches it could read: a Secret's token is written through the API,
+// where RBAC decides who reads it, never into a patch.
 package admission
 
 import (
@@ -29,21 +35,31 @@ const maxReview = 8 << 20
 
 // Decider decides what a pod or a Secret being created gets (projection.Admitter implements it).
 type Decider interface {
+	// Pod returns the JSON patch a Ray pod being created in ns gets (raw is the pod), its result
+	// (names.Admit*) and why.
 	Pod(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
-	Secret(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
+	// Secret acts on a Secret being created in ns: it makes sure the cluster's auth Secret exists as
+	// raysync's, through the API (nothing when dryRun: the request will not be persisted). It returns
+	// no patch: no answer carries a token.
+	Secret(ctx context.Context, ns string, raw []byte, dryRun bool) (result, reason string)
 }
 
 // Handler answers AdmissionReview requests for pods and Secrets.
 func Handler(a Decider, m *metrics.Metrics, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(PodsPath, &review{resource: "pods", decide: a.Pod, m: m, log: log})
-	mux.Handle(SecretsPath, &review{resource: "secrets", decide: a.Secret, m: m, log: log})
+	mux.Handle(PodsPath, &review{resource: "pods", decide: func(ctx context.Context, req *admissionv1.AdmissionRequest) ([]podtemplate.PatchOp, string, string) {
+		return a.Pod(ctx, req.Namespace, req.Object.Raw)
+	}, m: m, log: log})
+	mux.Handle(SecretsPath, &review{resource: "secrets", decide: func(ctx context.Context, req *admissionv1.AdmissionRequest) ([]podtemplate.PatchOp, string, string) {
+		result, reason := a.Secret(ctx, req.Namespace, req.Object.Raw, req.DryRun != nil && *req.DryRun)
+		return nil, result, reason // never a patch for a Secret
+	}, m: m, log: log})
 	return mux
 }
 
 type review struct {
 	resource string
-	decide   func(ctx context.Context, ns string, raw []byte) ([]podtemplate.PatchOp, string, string)
+	decide   func(ctx context.Context, req *admissionv1.AdmissionRequest) ([]podtemplate.PatchOp, string, string)
 	m        *metrics.Metrics
 	log      *zap.Logger
 }
@@ -69,7 +85,7 @@ func (h *review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	result, reason := names.AdmitUnchanged, "not a CREATE"
 	if req.Operation == admissionv1.Create {
 		var ops []podtemplate.PatchOp
-		ops, result, reason = h.decide(r.Context(), req.Namespace, req.Object.Raw)
+		ops, result, reason = h.decide(r.Context(), req)
 		if len(ops) > 0 {
 			if patch, err := json.Marshal(ops); err == nil {
 				pt := admissionv1.PatchTypeJSONPatch

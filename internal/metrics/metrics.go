@@ -87,6 +87,8 @@ type Metrics struct {
 	RotationsStarted *prometheus.CounterVec
 	// RotationDuration is how long a replacement or restart took, from start to completion.
 	RotationDuration prometheus.Histogram
+	// RotationsAbandoned counts restarts raysync gave up (resuming the cluster on the token it had), by reason.
+	RotationsAbandoned *prometheus.CounterVec
 	// Admission counts the webhook's answers by resource and result; AdmissionDuration times them.
 	Admission         *prometheus.CounterVec
 	AdmissionDuration *prometheus.HistogramVec
@@ -130,6 +132,10 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "raysync_rotations_performed_total",
 			Help: "Replacements (a RayService's cluster) and restarts (a whole RayCluster) raysync started to move running clusters to a new token.",
 		}, []string{"action"}),
+		RotationsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "raysync_rotations_abandoned_total",
+			Help: "Restarts raysync gave up, resuming the cluster on the token it had, by reason: cannot_move (every pod gone, but its Secret cannot take the new token), timeout (still suspended after --rotation-timeout), unmanaged (raysync no longer manages the cluster).",
+		}, []string{"reason"}),
 		RotationDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "raysync_rotation_duration_seconds",
 			Help:    "Time from starting a replacement or restart to the cluster serving on the new token (old cluster gone, or restarted cluster ready).",
@@ -137,7 +143,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		}),
 		Admission: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_admission_requests_total",
-			Help: "Admission requests the webhook answered (always allowed), by resource and result: mutated, unchanged, skipped, invalid.",
+			Help: "Admission requests the webhook answered (always allowed, never with a token), by resource and result: mutated (a pod), created (raysync created the cluster's auth Secret itself), unchanged, skipped, invalid.",
 		}, []string{"resource", "result"}),
 		AdmissionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "raysync_admission_duration_seconds",
@@ -167,16 +173,19 @@ func New(snapshot func() Snapshot) *Metrics {
 	for _, a := range []string{names.PolicyReplace, names.PolicyRestart} {
 		m.RotationsStarted.WithLabelValues(a)
 	}
+	for _, r := range names.AbandonReasons {
+		m.RotationsAbandoned.WithLabelValues(r)
+	}
 	for _, r := range []string{"pods", "secrets"} {
-		for _, res := range []string{"mutated", "unchanged", "skipped", "invalid"} {
+		for _, res := range names.AdmitResults {
 			m.Admission.WithLabelValues(r, res)
 		}
 	}
 	m.own = []prometheus.Collector{m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.PodsStartedWithout, m.Leader,
-		m.RotationsStarted, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot}}
+		m.RotationsStarted, m.RotationsAbandoned, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot}}
 	m.own = append(m.own, clientGoCollectors...)
 	m.Registry.MustRegister(m.Rotations, m.LastRotation, m.Syncs, m.Propagation, m.TemplateReapplied, m.PodsRecycled, m.PodsStartedWithout, m.Leader,
-		m.RotationsStarted, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot},
+		m.RotationsStarted, m.RotationsAbandoned, m.RotationDuration, m.Admission, m.AdmissionDuration, m.WebhookCertExpiry, &stateCollector{snapshot: snapshot},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

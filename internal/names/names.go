@@ -18,7 +18,8 @@ const (
 	// TokenSHA256Annotation: a short digest of the token, on the Secret that holds the token anyway,
 	// so people can compare targets without reading them. Never logged, never in an Event or metric.
 	TokenSHA256Annotation = "raysync.dev/token-sha256"
-	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339).
+	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339); on a Secret raysync created
+	// holding it, the second before its creation (no container can have read it earlier).
 	SyncedAtAnnotation = "raysync.dev/synced-at"
 )
 
@@ -45,6 +46,17 @@ const (
 	RotationBlockedAnnotation = "raysync.dev/rotation-blocked"
 	// RotateAnnotation is set by `syncer rotate`: rotate this cluster now, whatever its policy.
 	RotateAnnotation = "raysync.dev/rotate"
+	// RotationAbandonedAnnotation names the rotation whose restart raysync gave up on a cluster (it
+	// resumed the cluster on the token it had): its policy does not restart it again for that rotation.
+	RotationAbandonedAnnotation = "raysync.dev/rotation-abandoned"
+
+	// TokenRotationAnnotation on a RayCluster: the rotation whose token raysync wrote into the cluster's
+	// auth Secret, and TokenWrittenAtAnnotation when (RFC 3339): containers started after that hold it.
+	// A rotation number and a time, never the token or its hash (more people read RayClusters than
+	// Secrets). It outlives the Secret, so a Secret deleted or re-created under running containers
+	// can be given back the token they hold.
+	TokenRotationAnnotation  = "raysync.dev/token-rotation"
+	TokenWrittenAtAnnotation = "raysync.dev/token-written-at"
 
 	// KindRotationLedger marks the Secret that numbers the canonical tokens raysync has seen.
 	KindRotationLedger = "rotation_ledger"
@@ -173,8 +185,23 @@ const (
 	ReasonTokenRestored         = "TokenRestored"
 	// ReasonLedgerInvalid (on the rotation ledger Secret): raysync cannot read its ledger and leaves
 	// it as it is; it numbers no rotation until the ledger is fixed.
-	ReasonLedgerInvalid = "LedgerInvalid"
+	ReasonLedgerInvalid     = "LedgerInvalid"
+	ReasonRotationAbandoned = "RotationAbandoned"
 )
+
+// Why raysync gave up a restart and resumed the cluster: raysync_rotations_abandoned_total{reason}.
+const (
+	// AbandonCannotMove: every pod is gone, but the cluster's Secret cannot take the new token (other
+	// clusters run on it, or it is not raysync's).
+	AbandonCannotMove = "cannot_move"
+	// AbandonTimeout: still suspended after --rotation-timeout (its pods did not go, or the source stayed unusable).
+	AbandonTimeout = "timeout"
+	// AbandonUnmanaged: raysync no longer manages the cluster (out of scope, skipped, no token auth).
+	AbandonUnmanaged = "unmanaged"
+)
+
+// AbandonReasons lists every reason a restart is abandoned.
+var AbandonReasons = []string{AbandonCannotMove, AbandonTimeout, AbandonUnmanaged}
 
 // TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.
 const TLSVolumeName = "raysync-autoscaler-tls"
@@ -184,8 +211,12 @@ const FieldManager = "raysync"
 
 // Admission outcomes: raysync_admission_requests_total{result} and the webhook's logs.
 const (
-	AdmitMutated   = "mutated"   // raysync's entries (or the canonical token) added
-	AdmitUnchanged = "unchanged" // it already carries them, or raysync has nothing to add
+	AdmitMutated   = "mutated"   // raysync's entries added to a pod
+	AdmitCreated   = "created"   // raysync created the cluster's auth Secret itself, with the canonical token (KubeRay's create then fails with AlreadyExists)
+	AdmitUnchanged = "unchanged" // it already carries them, the Secret exists already, or raysync has nothing to add
 	AdmitSkipped   = "skipped"   // not raysync's to change now (the reason says why)
 	AdmitInvalid   = "invalid"   // the object in the request could not be read
 )
+
+// AdmitResults lists every admission outcome.
+var AdmitResults = []string{AdmitMutated, AdmitCreated, AdmitUnchanged, AdmitSkipped, AdmitInvalid}

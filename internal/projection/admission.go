@@ -9,23 +9,31 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/raysync/raysync/internal/kuberay"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
 )
 
-// Admission: what a Ray pod, or a new cluster's auth Secret, carries when it is created. The webhook
-// (internal/admission) asks on every replica; the answers come from the caches and the same pure code
-// as the template patch, with no API call, and never reject: what raysync cannot decide is admitted
-// as it is, and the controller repairs it as it would without the webhook.
+// Admission: what a Ray pod carries when it is created, and a new cluster's auth Secret created by
+// raysync before KubeRay's. The webhook (internal/admission) asks on every replica; the answers come
+// from the caches and the same pure code as the template patch and the token plan, never reject, and
+// never carry a token: what raysync cannot decide is admitted as it is, and the controller repairs it
+// as it would without the webhook.
 
 // Admitter answers admission requests from a controller's caches.
 type Admitter struct {
 	gather *gatherer
 	now    func() time.Time
+	// kube creates a new cluster's auth Secret (the only write the webhook makes); recorder says when
+	// that puts a running cluster's token back.
+	kube     kubernetes.Interface
+	recorder record.EventRecorder
 	// Wait bounds how long a request waits for the caches to show the RayCluster: KubeRay creates a
 	// cluster's Secret and pods moments after the cluster itself.
 	Wait time.Duration
@@ -54,9 +62,11 @@ func (a *Admitter) sources(now time.Time) *sourceView {
 	return a.memoView
 }
 
-// Admitter returns the controller's admission decisions (they need no leadership: they write nothing).
+// Admitter returns the controller's admission decisions. They need no leadership: the one write they
+// make, creating a cluster's auth Secret as raysync's pre-creation would, is the same on every replica
+// (AlreadyExists: another was first).
 func (c *Controller) Admitter() *Admitter {
-	return &Admitter{gather: c.gather, now: c.now, Wait: 500 * time.Millisecond}
+	return &Admitter{gather: c.gather, now: c.now, Wait: 500 * time.Millisecond, kube: c.apply.kube, recorder: c.recorder}
 }
 
 // cluster finds the in-scope RayCluster name in ns, waiting up to a.Wait for the caches to show it.
@@ -106,44 +116,66 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtem
 	return ops, names.AdmitMutated, ""
 }
 
-// Secret decides the patch for a Secret being created in ns: KubeRay's generated auth Secret of an
-// in-scope cluster is born with the canonical token, unless containers of that cluster may already
-// run on another token (KubeRay re-creating a deleted Secret).
-func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte) (ops []podtemplate.PatchOp, result, reason string) {
+// Secret acts on a Secret being created in ns. For KubeRay's generated auth Secret of an in-scope
+// cluster it creates raysync's own, in KubeRay's shape and with the canonical token, through the API
+// (as the controller's pre-creation does), before KubeRay's create goes on: that create then fails
+// with AlreadyExists, and KubeRay, which creates its pods only after its Secret exists (reconcileAuthSecret
+// returns the error first, v1.5.1 and v1.6.1 alike), uses raysync's on its next pass. So no pod can
+// start on KubeRay's random token, and the answer carries no token: the request is admitted unchanged.
+// A Secret KubeRay re-creates under pods already on a node gets the canonical token only when the
+// RayClusters' records say their started containers hold it (plan_token_record.go); else it keeps
+// KubeRay's, and the cluster is behind.
+func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte, dryRun bool) (result, reason string) {
 	var s corev1.Secret
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return nil, names.AdmitInvalid, "Secret unreadable"
+		return names.AdmitInvalid, "Secret unreadable"
 	}
 	owner := metav1.GetControllerOf(&s)
 	if owner == nil || owner.Kind != kuberay.RayClusterGVK.Kind {
-		return nil, names.AdmitSkipped, "not controlled by a RayCluster"
+		return names.AdmitSkipped, "not controlled by a RayCluster"
+	}
+	if s.Annotations[names.TokenSHA256Annotation] != "" {
+		// raysync's own create (the controller's pre-creation, or this webhook's) passes through here
+		// too: creating it again would call the webhook again, without end.
+		return names.AdmitUnchanged, "raysync's own Secret"
 	}
 	rc, why := a.cluster(ctx, ns, owner.Name)
 	if rc == nil {
-		return nil, names.AdmitSkipped, why
+		return names.AdmitSkipped, why
 	}
 	t, ok, err := TokenTargetFor(rc, a.gather.cfg.Source)
 	if err != nil || !ok || t.Mode != Generated || t.Name != s.Name || rc.GetUID() != owner.UID {
-		return nil, names.AdmitSkipped, "not the cluster's generated auth Secret"
+		return names.AdmitSkipped, "not the cluster's generated auth Secret"
 	}
 	now := a.now()
 	in := a.gather.cluster(rc, a.sources(now), now)
 	src := in.Sources.token
-	switch {
-	case !src.valid():
-		return nil, names.AdmitSkipped, "canonical source invalid"
-	case holdsToken(&s, src.value):
-		return nil, names.AdmitUnchanged, ""
-	case slices.ContainsFunc(append(slices.Clip(in.Pods), in.Readers...), func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }):
+	if !src.valid() {
+		return names.AdmitSkipped, "canonical source invalid"
+	}
+	at, restores := bornAt(now), false
+	readers := append(slices.Clip(in.Pods), in.Readers...)
+	if slices.ContainsFunc(readers, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" || podStarted(p) }) {
 		// Containers of a cluster reading it may run on a token raysync cannot tell (the Secret they
-		// read is gone, and with it raysync's mark): the controller does not write it either.
-		return nil, names.AdmitSkipped, "pods reading this Secret may run on another token"
+		// read is gone, and with it raysync's mark), unless the RayClusters' records tell it.
+		if at, restores = recordedOnCurrent(in, readers, nil, src.digest); !restores {
+			return names.AdmitSkipped, "pods reading this Secret may run on another token"
+		}
 	}
-	want := withToken(&s, src.value, a.gather.cfg.Source, now)
-	if s.Data == nil {
-		ops = append(ops, podtemplate.PatchOp{Op: "add", Path: "/data", Value: map[string][]byte{}})
+	if dryRun {
+		return names.AdmitSkipped, "dry run: raysync creates nothing"
 	}
-	ops = append(ops, podtemplate.PatchOp{Op: "add", Path: "/data/" + kuberay.AuthTokenKey, Value: want.Data[kuberay.AuthTokenKey]},
-		podtemplate.PatchOp{Op: "add", Path: "/metadata/annotations", Value: want.Annotations})
-	return ops, names.AdmitMutated, ""
+	want := desiredGeneratedSecret(rc, t.Name, src.value, a.gather.cfg.Source, at)
+	if _, err := a.kube.CoreV1().Secrets(ns).Create(ctx, want, metav1.CreateOptions{FieldManager: names.FieldManager}); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return names.AdmitUnchanged, "the Secret exists already" // raysync's pre-creation or another replica was first
+		}
+		// Admitted as it is: KubeRay's Secret is created, and the controller writes the token into it
+		// as it does when the webhook is bypassed.
+		return names.AdmitSkipped, "could not create raysync's Secret: " + err.Error()
+	}
+	if restores && a.recorder != nil {
+		a.recorder.Event(rc, corev1.EventTypeWarning, names.ReasonTokenRestored, restoredFromRecordMessage(t, in, a.gather.cfg.Source))
+	}
+	return names.AdmitCreated, ""
 }

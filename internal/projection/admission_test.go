@@ -1,19 +1,29 @@
 package projection
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/raysync/raysync/internal/admission"
+	"github.com/raysync/raysync/internal/ledger"
+	"github.com/raysync/raysync/internal/metrics"
 	"github.com/raysync/raysync/internal/names"
 	"github.com/raysync/raysync/internal/podtemplate"
 )
@@ -145,24 +155,64 @@ func TestAdmitSecret(t *testing.T) {
 		b, _ := json.Marshal(s)
 		return b
 	}
+	written := planNow.Add(-2 * time.Hour)
+	recordedCurrent := func(u *unstructured.Unstructured) {
+		annotated(names.TokenRotationAnnotation, "1")(u)
+		annotated(names.TokenWrittenAtAnnotation, written.Format(time.RFC3339Nano))(u)
+	}
+	ledgerOf := func(tokens ...string) *corev1.Secret {
+		l := ledger.Ledger{}
+		for _, tok := range tokens {
+			l, _ = l.Observed(tokenDigest([]byte(tok)), "", planNow.Add(-3*time.Hour))
+		}
+		return ledger.Desired(types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "raysync-rotations"}, nil, l)
+	}
+	running := startedPod("c1-head", "c1", written.Add(time.Hour), headPod)
 	tests := map[string]struct {
 		clusters   []*unstructured.Unstructured
 		objs       []runtime.Object
 		secret     []byte
+		dryRun     bool
 		result     string
 		wantReason string
+		// wantAt: the created Secret's synced-at (zero: planNow's second at the latest)
+		wantAt time.Time
 	}{
-		"a new cluster's Secret: born with the canonical token": {
+		"a new cluster's Secret: raysync's own is created with the canonical token": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token)},
-			secret: kuberays("c1"), result: names.AdmitMutated,
+			secret: kuberays("c1"), result: names.AdmitCreated,
 		},
 		"re-created under pods on a node: left to KubeRay's token": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token), rayPod("c1-head", "c1", onNode)},
 			secret: kuberays("c1"), result: names.AdmitSkipped, wantReason: "pods reading this Secret may run on another token",
 		},
-		"pods created, none on a node: born with the canonical token": {
+		"re-created under containers the RayCluster records on the current token: raysync's, with that token": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1", recordedCurrent)}, objs: []runtime.Object{sourceSecret(token), ledgerOf(token), running},
+			secret: kuberays("c1"), result: names.AdmitCreated, wantAt: written,
+		},
+		"re-created under containers the RayCluster records on an earlier token: left to KubeRay's token": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1", recordedCurrent)}, objs: []runtime.Object{sourceSecret(token), ledgerOf(oldToken, token), running},
+			secret: kuberays("c1"), result: names.AdmitSkipped, wantReason: "pods reading this Secret may run on another token",
+		},
+		"pods created, none on a node: raysync's own is created": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token), rayPod("c1-head", "c1")},
-			secret: kuberays("c1"), result: names.AdmitMutated,
+			secret: kuberays("c1"), result: names.AdmitCreated,
+		},
+		"raysync's own create passing through the webhook: nothing more (a create would call the webhook again)": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token)},
+			secret: func() []byte {
+				b, _ := json.Marshal(desiredGeneratedSecret(rayCluster("c1"), "c1", []byte(token), tokenSrc, planNow))
+				return b
+			}(), result: names.AdmitUnchanged, wantReason: "raysync's own Secret",
+		},
+		"raysync's pre-creation was first: nothing more": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1")},
+			objs:     []runtime.Object{sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"))},
+			secret:   kuberays("c1"), result: names.AdmitUnchanged, wantReason: "the Secret exists already",
+		},
+		"a dry-run request: nothing created": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1")}, objs: []runtime.Object{sourceSecret(token)},
+			secret: kuberays("c1"), dryRun: true, result: names.AdmitSkipped, wantReason: "dry run: raysync creates nothing",
 		},
 		"source missing: KubeRay's token stays": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")}, secret: kuberays("c1"), result: names.AdmitSkipped, wantReason: "canonical source invalid",
@@ -178,31 +228,78 @@ func TestAdmitSecret(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			a := admissionHarness(t, tc.clusters, tc.objs...)
-			ops, result, reason := a.Secret(context.Background(), ns, tc.secret)
+			a, kube := admissionHarnessWithLedger(t, tc.clusters, tc.objs...)
+			result, reason := a.Secret(context.Background(), ns, tc.secret, tc.dryRun)
 			if result != tc.result || reason != tc.wantReason {
 				t.Fatalf("result %s %q, want %s %q", result, reason, tc.result, tc.wantReason)
 			}
-			if result != names.AdmitMutated {
-				if len(ops) != 0 {
-					t.Errorf("patched %v", ops)
+			var creates []*corev1.Secret
+			for _, act := range kube.Actions() {
+				if c, ok := act.(clienttesting.CreateAction); ok && act.GetResource().Resource == "secrets" {
+					creates = append(creates, c.GetObject().(*corev1.Secret))
+				}
+			}
+			if tc.result != names.AdmitCreated && tc.wantReason != "the Secret exists already" {
+				if len(creates) != 0 {
+					t.Errorf("created %d Secrets", len(creates))
 				}
 				return
 			}
-			b, _ := json.Marshal(ops)
-			var got []map[string]any
-			_ = json.Unmarshal(b, &got)
-			if len(got) != 2 || got[0]["path"] != "/data/auth_token" || got[1]["path"] != "/metadata/annotations" {
-				t.Fatalf("patch paths: %v", got)
+			if len(creates) != 1 {
+				t.Fatalf("%d creates, want raysync's one", len(creates))
 			}
-			if v, _ := got[0]["value"].(string); v != b64(token) {
-				t.Error("the patch does not carry the canonical token")
+			c := creates[0]
+			if !holdsToken(c, []byte(token)) || metav1.GetControllerOf(c) == nil || metav1.GetControllerOf(c).UID != "uid-c1" || c.Labels["ray.io/cluster"] != "c1" {
+				t.Errorf("created %s/%s: not KubeRay's shape with the canonical token (labels %v)", c.Namespace, c.Name, c.Labels)
 			}
-			if ann := got[1]["value"].(map[string]any); ann[names.SourceAnnotation] != tokenSrc.String() {
-				t.Errorf("annotations %v", ann)
+			at := syncedAt(c)
+			if tc.wantAt.IsZero() && at.Before(planNow.Add(-time.Second)) || !tc.wantAt.IsZero() && !at.Equal(tc.wantAt) {
+				t.Errorf("synced-at %s, want %s", at, tc.wantAt)
 			}
 		})
 	}
 }
 
+// admissionHarnessWithLedger is admissionHarness with the rotation ledger configured, and the fake clientset.
+func admissionHarnessWithLedger(t *testing.T, clusters []*unstructured.Unstructured, objs ...runtime.Object) (*Admitter, *fake.Clientset) {
+	t.Helper()
+	cfg := Config{Source: tokenSrc, Ledger: types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "raysync-rotations"}}
+	h := newDryRunHarness(t, false, cfg, clusters, objs...)
+	a := h.ctrl.Admitter()
+	a.Wait = 50 * time.Millisecond
+	return a, h.kube
+}
+
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// Anyone who reaches the webhook can send it a review: one forged for a pending cluster's generated
+// Secret (namespace, name and UID are all a caller needs to know) gets no token bytes back, in any
+// encoding, on either path.
+func TestForgedReviewGetsNoToken(t *testing.T) {
+	a := admissionHarness(t, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token))
+	h := admission.Handler(a, metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }), zap.NewNop())
+	forged := func(path string, obj any) []byte {
+		raw, _ := json.Marshal(obj)
+		ar := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+			Request: &admissionv1.AdmissionRequest{UID: "forged", Operation: admissionv1.Create, Namespace: ns, Name: "c1", Object: runtime.RawExtension{Raw: raw}}}
+		b, _ := json.Marshal(ar)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(b)))
+		return rec.Body.Bytes()
+	}
+	kuberays := secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))
+	for path, obj := range map[string]any{admission.SecretsPath: kuberays, admission.PodsPath: json.RawMessage(podJSON(t, "c1", map[string]any{"name": "ray-head"}))} {
+		body := forged(path, obj)
+		var out admissionv1.AdmissionReview
+		if err := json.Unmarshal(body, &out); err != nil || out.Response == nil || !out.Response.Allowed {
+			t.Fatalf("%s: not an allowing review: %s", path, body)
+		}
+		for _, b := range [][]byte{body, out.Response.Patch} {
+			for _, enc := range []string{token, b64(token), base64.RawStdEncoding.EncodeToString([]byte(token)), base64.URLEncoding.EncodeToString([]byte(token)), tokenDigest([]byte(token))} {
+				if bytes.Contains(b, []byte(enc)) {
+					t.Errorf("%s: the answer to a forged review carries the token (or its digest)", path)
+				}
+			}
+		}
+	}
+}

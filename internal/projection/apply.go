@@ -188,6 +188,8 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		return a.deletePod(ctx, act, log)
 	case PatchRotation:
 		return a.patchRotation(ctx, act)
+	case RecordToken:
+		return a.recordToken(ctx, act, log)
 	case CreateService, UpdateService:
 		return a.gatewayAddress(ctx, act, log)
 	case RecordEvent:

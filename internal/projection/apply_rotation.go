@@ -56,6 +56,9 @@ func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
 		return err
 	}
 	switch {
+	case p.Abandons != "":
+		a.metrics.RotationsAbandoned.WithLabelValues(p.Abandons).Inc()
+		log.Warn("token rotation abandoned: the cluster resumed on the token it had", zap.String("reason", p.Abandons))
 	case p.Starts != "":
 		a.metrics.RotationsStarted.WithLabelValues(p.Starts).Inc()
 		log.Info("token rotation started", zap.String("action", p.Starts))
@@ -66,6 +69,20 @@ func (a *applier) patchRotation(ctx context.Context, p PatchRotation) error {
 		log.Info("token rotation advanced")
 	}
 	return nil
+}
+
+// recordToken writes a RayCluster's record of the token its containers run on.
+func (a *applier) recordToken(ctx context.Context, r RecordToken, log *zap.Logger) error {
+	if a.dryRun {
+		log.Info("dry-run: would record on the RayCluster which rotation's token its containers run on")
+		return nil
+	}
+	_, err := a.dyn.Resource(kuberay.RayClusterGVR).Namespace(r.Namespace).Patch(ctx, r.Name, types.MergePatchType, r.Patch,
+		metav1.PatchOptions{FieldManager: names.FieldManager})
+	if err = a.settle("record the token rotation on RayCluster "+r.Namespace+"/"+r.Name, err); err == nil {
+		log.Debug("recorded on the RayCluster which rotation's token its containers run on")
+	}
+	return err
 }
 
 // sourceChange reports what one observation of a source meant: a SourceInvalid Warning on the source

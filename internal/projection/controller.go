@@ -242,7 +242,7 @@ func (c *Controller) reportOwnSecret(ctx context.Context, name types.NamespacedN
 func (c *Controller) syncWave(ctx context.Context) error {
 	now := c.now()
 	views := c.gather.views(now)
-	w := planWave(views, c.cfg, now, c.expected.pending(now))
+	w := planWave(append(views, c.gather.released(now)...), c.cfg, now, c.expected.pending(now))
 	c.expected.observed(w.Observed)
 	started, err := c.apply.wave(ctx, w)
 	c.expected.add(started, now)

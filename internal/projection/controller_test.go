@@ -184,8 +184,9 @@ func TestCreatedSecretHasKubeRayShape(t *testing.T) {
 	if len(s.Data) != 1 || string(s.Data["auth_token"]) != token || s.Type != corev1.SecretTypeOpaque {
 		t.Errorf("data keys %d, type %q", len(s.Data), s.Type)
 	}
+	// synced-at of a Secret raysync created: the second before its creation (bornAt).
 	want := map[string]string{names.SourceAnnotation: tokenSrc.String(), names.TokenSHA256Annotation: tokenDigest([]byte(token)),
-		names.SyncedAtAnnotation: "2026-11-29T12:00:00Z"}
+		names.SyncedAtAnnotation: "2026-11-29T11:59:59Z"}
 	for k, v := range want {
 		if s.Annotations[k] != v {
 			t.Errorf("annotation %s = %q, want %q", k, s.Annotations[k], v)

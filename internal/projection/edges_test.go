@@ -83,7 +83,7 @@ func TestWebhookLeavesASecretOtherClustersRunOn(t *testing.T) {
 	a := admissionHarness(t, []*unstructured.Unstructured{rayCluster("c1"), sharing("b", "c1")},
 		sourceSecret(token), startedPod("b-head", "b", time.Now().Add(-time.Hour), headPod, onNode))
 	raw, _ := json.Marshal(secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1")))
-	if ops, result, reason := a.Secret(context.Background(), ns, raw); len(ops) != 0 {
+	if result, reason := a.Secret(context.Background(), ns, raw, false); result != names.AdmitSkipped {
 		t.Errorf("gave the canonical token to a Secret whose other reader runs (%s %q)", result, reason)
 	}
 }
@@ -330,16 +330,20 @@ func TestAdmitterSeesSourceChangesAtOnce(t *testing.T) {
 	frozen := time.Now()
 	a.now = func() time.Time { return frozen }
 	raw, _ := json.Marshal(secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1")))
+	// the token of the Secret the admission creates (each time anew)
 	tokenIn := func() string {
-		ops, _, _ := a.Secret(context.Background(), ns, raw)
-		if len(ops) < 2 {
+		_ = h.kube.CoreV1().Secrets(ns).Delete(context.Background(), "c1", metav1.DeleteOptions{})
+		if result, _ := a.Secret(context.Background(), ns, raw, false); result != names.AdmitCreated {
 			return ""
 		}
-		b, _ := ops[len(ops)-2].Value.([]byte)
-		return string(b)
+		s, err := h.kube.CoreV1().Secrets(ns).Get(context.Background(), "c1", metav1.GetOptions{})
+		if err != nil {
+			return ""
+		}
+		return string(s.Data["auth_token"])
 	}
 	if got := tokenIn(); got != token {
-		t.Fatal("first admission does not carry the canonical token")
+		t.Fatal("first admission does not create the Secret with the canonical token")
 	}
 	const updated, recreated = "rotated-token-value-0123456789abcdef", "recreated-token-value-0123456789abcd"
 	if err := h.updateSource(sourceSecret(updated)); err != nil {

@@ -40,6 +40,24 @@ func (g *gatherer) views(now time.Time) []clusterView {
 	return out
 }
 
+// released gathers the clusters raysync does not manage (out of scope or skipped) that still carry a
+// restart raysync started: the wave resumes them, so none stays suspended once raysync lets it go.
+func (g *gatherer) released(now time.Time) []clusterView {
+	var out []clusterView
+	var sources *sourceView
+	for _, rc := range g.caches.RayClusters("") {
+		if g.cfg.InScope(rc) || startedAt(rc).IsZero() {
+			continue
+		}
+		if sources == nil {
+			sources = g.sources(now)
+		}
+		in := &ClusterInput{Cluster: rc, Sources: sources, Pods: g.caches.Pods(rc.GetNamespace(), rc.GetName()), Now: now}
+		out = append(out, clusterView{in: in, released: true})
+	}
+	return out
+}
+
 // sources reads and validates every configured source.
 func (g *gatherer) sources(now time.Time) *sourceView {
 	return readSources(g.cfg, func(n types.NamespacedName) *corev1.Secret {
@@ -76,7 +94,7 @@ func (g *gatherer) cluster(rc *unstructured.Unstructured, sources *sourceView, n
 		if in.Target == nil {
 			g.markForeign(in, t.Name, t.Mode == Generated)
 		}
-		in.Readers = g.readers(ns, t.Name, name)
+		in.Readers, in.SharedWith, in.sharedRecords = g.readers(ns, t.Name, name)
 	}
 	if !g.cfg.Pods.enabled() {
 		return in
@@ -121,15 +139,20 @@ func (g *gatherer) markForeign(in *ClusterInput, name string, generated bool) {
 }
 
 // readers are the pods of the other RayClusters in ns whose pods read their token from secret
-// (selected or not): whether it may have been read is decided over all of them.
-func (g *gatherer) readers(ns, secret, self string) []*corev1.Pod {
-	var out []*corev1.Pod
+// (selected or not), and those clusters' names: whether it may have been read is decided over all of them.
+func (g *gatherer) readers(ns, secret, self string) (pods []*corev1.Pod, clusters []string, records map[string]tokenRecord) {
 	for _, rc := range g.caches.ClustersReading(ns, secret) {
 		if rc.GetName() != self {
-			out = append(out, g.caches.Pods(ns, rc.GetName())...)
+			pods = append(pods, g.caches.Pods(ns, rc.GetName())...)
+			clusters = append(clusters, rc.GetName())
+			if records == nil {
+				records = map[string]tokenRecord{}
+			}
+			records[rc.GetName()] = recordOf(rc)
 		}
 	}
-	return out
+	slices.Sort(clusters)
+	return pods, clusters, records
 }
 
 // see puts a Secret read from the API (a create found its name taken) in place of what the caches

@@ -87,7 +87,20 @@ type PatchRotation struct {
 	Starts string
 	// Completes is how long the rotation it completes took (0: it completes none).
 	Completes time.Duration
+	// Abandons says why this patch gives up a restart and resumes the cluster (a names.Abandon*; ""
+	// when it does not), for the metrics.
+	Abandons string
 }
+
+// RecordToken writes onto a RayCluster raysync's record of the token its containers run on
+// (names.TokenRotationAnnotation and TokenWrittenAtAnnotation; null values remove them): a JSON merge
+// patch carrying the cluster's UID as precondition, so it never lands on a namesake.
+type RecordToken struct {
+	Namespace, Name string
+	Patch           []byte
+}
+
+func (RecordToken) isAction() {}
 
 func (CreateSecret) isAction()  {}
 func (UpdateSecret) isAction()  {}
@@ -111,6 +124,10 @@ type ClusterInput struct {
 	// Readers are the pods of the other clusters that read the token target (several clusters may
 	// name one Secret): it may have been read when any of theirs may have started.
 	Readers []*corev1.Pod
+	// SharedWith names the other RayClusters whose pods read the token target, running or not.
+	SharedWith []string
+	// sharedRecords are their records of the token their containers run on (plan_token_record.go).
+	sharedRecords map[string]tokenRecord
 	// Foreign are the Secret names the cluster needs (its token target, copies of pod sources) that
 	// exist in its namespace and are not raysync's, as the caches show: never written, never referenced.
 	Foreign map[string]bool
@@ -176,6 +193,10 @@ type RotationStatus struct {
 	Policy string     `json:"policy"`          // replace, restart, hold (after any fallback)
 	Since  *time.Time `json:"since,omitempty"` // behind or rotating since
 	Held   string     `json:"held,omitempty"`  // why the policy fell back to hold
+	// Move is how raysync moves the cluster, by its policy or on request: replace or restart; "" when
+	// it cannot, and Unmovable says why (whatever the policy: `syncer rotate` refuses it too).
+	Move      string `json:"move,omitempty"`
+	Unmovable string `json:"unmovable,omitempty"`
 }
 
 // InSync reports whether every applicable target is in sync and no pod is stale.
@@ -199,7 +220,7 @@ func (s ClusterStatus) InSync() bool {
 // recordStanding records where the cluster stands with its token, in the plan and its status.
 func (p *ClusterPlan) recordStanding(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) {
 	p.Standing = standingOf(in, cfg, t, holdsCurrent)
-	st := &RotationStatus{State: p.Standing.State, Policy: p.Standing.Policy, Held: p.Standing.Held}
+	st := &RotationStatus{State: p.Standing.State, Policy: p.Standing.Policy, Held: p.Standing.Held, Move: p.Standing.Move, Unmovable: p.Standing.Cannot}
 	if !p.Standing.Since.IsZero() {
 		since := p.Standing.Since.UTC()
 		st.Since = &since
@@ -218,11 +239,15 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 	if crd := rc.GetLabels()[kuberay.OriginatedFromCRDLabel]; crd != "" {
 		p.Status.Owner, p.Status.OwnerKind = rc.GetLabels()[kuberay.OriginatedFromNameLabel], names.OwnerKind(crd)
 	}
-	planToken(in, cfg, &p)
+	f := planToken(in, cfg, &p)
 	if cfg.Pods.enabled() {
 		planPodConfig(in, cfg, &p)
 	}
 	planGatewayAddress(in, cfg, &p)
+	if f != nil {
+		// Last: the template patch carries the resourceVersion the record's patch would change.
+		p.recordToken(f)
+	}
 	return p
 }
 

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,6 +47,9 @@ type standing struct {
 	Since  time.Time // behind or rotating since
 	// Held says why the cluster's policy fell back to hold ("" when it did not).
 	Held string
+	// Move is how raysync moves the cluster, by its policy or on request (replace or restart); "" when
+	// it cannot, and Cannot says why, whatever the policy.
+	Move, Cannot string
 	// Unit is what moves the cluster: its RayService (replace) or itself (restart).
 	Unit *unstructured.Unstructured
 	// Current: the cluster's containers hold (or will start with) the current token.
@@ -61,36 +65,63 @@ func ownerKind(rc *unstructured.Unstructured) names.OwnerKind {
 	return ""
 }
 
+// moveOf says how raysync can move the cluster to a new token, whatever its policy, or why it cannot.
+// A restart must end with every pod on the new token, so it needs a Secret no other cluster's running
+// containers hold; a RayService's cluster moves only by KubeRay's replacement (its RayService controller
+// puts spec.suspend back, KubeRay v1.6+, which would interrupt a restart again and again).
+func moveOf(in *ClusterInput, t TokenTarget) (move, cannot string) {
+	switch {
+	case t.Mode == Referenced && !t.IsSource:
+		return "", "it shares the managed Secret " + t.Name + ", which holds one token for every cluster naming it"
+	case len(in.SharedWith) == 1:
+		return "", "RayCluster " + in.SharedWith[0] + " also reads its Secret " + t.Name + ", which holds one token for every cluster naming it"
+	case len(in.SharedWith) > 1:
+		return "", "RayClusters " + strings.Join(in.SharedWith, ", ") + " also read its Secret " + t.Name + ", which holds one token for every cluster naming it"
+	case ownerKind(in.Cluster) != names.OwnerRayService:
+		return names.PolicyRestart, ""
+	case in.Owner == nil:
+		return "", "its RayService is not in raysync's cache"
+	case upgradeStrategy(in.Owner) == "None":
+		return "", "its RayService has upgradeStrategy None: KubeRay would not start a new cluster"
+	}
+	return names.PolicyReplace, ""
+}
+
 // policyOf is the cluster's rotation policy and, when it cannot apply, why it falls back to hold.
-func policyOf(in *ClusterInput, opts RotationOptions, t TokenTarget) (policy, held string) {
+func policyOf(in *ClusterInput, opts RotationOptions, move, cannot string) (policy, held string) {
 	rc := in.Cluster
-	owner := ownerKind(rc)
-	policy = opts.Policies[owner]
+	policy = opts.Policies[ownerKind(rc)]
 	switch p := metaString(rc, "annotations", names.RotationAnnotation); p {
 	case names.PolicyReplace, names.PolicyRestart, names.PolicyHold, names.PolicyGateway:
 		policy = p
 	}
-	if policy == "" {
-		policy = names.PolicyHold
-	}
 	switch {
-	case policy == names.PolicyReplace && owner != names.OwnerRayService:
+	case policy == "" || policy == names.PolicyHold:
+		return names.PolicyHold, ""
+	case cannot != "":
+		return names.PolicyHold, cannot
+	case policy == names.PolicyReplace && move != names.PolicyReplace:
 		return names.PolicyHold, "only a RayService can replace its cluster"
-	case policy == names.PolicyReplace && in.Owner == nil:
-		return names.PolicyHold, "its RayService is not in raysync's cache"
-	case policy == names.PolicyReplace && upgradeStrategy(in.Owner) == "None":
-		return names.PolicyHold, "its RayService has upgradeStrategy None: KubeRay would not start a new cluster"
-	case policy != names.PolicyHold && t.Mode == Referenced && !t.IsSource:
-		return names.PolicyHold, "it shares the managed Secret " + t.Name + ", which holds one token for every cluster naming it"
+	case policy == names.PolicyRestart && move != names.PolicyRestart:
+		return names.PolicyHold, "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end"
+	case policy == names.PolicyRestart && abandonedFor(rc, in.Sources.rotation.Name()):
+		return names.PolicyHold, "its restart for rotation " + in.Sources.rotation.Name() + " was abandoned (Event " + names.ReasonRotationAbandoned +
+			"); `syncer rotate` tries again, and the next rotation restarts it"
 	}
 	return policy, ""
+}
+
+// abandonedFor: raysync gave up a restart of rc for rotation (and resumed the cluster).
+func abandonedFor(rc *unstructured.Unstructured, rotation string) bool {
+	return rotation != "" && metaString(rc, "annotations", names.RotationAbandonedAnnotation) == rotation
 }
 
 // standingOf says where a cluster whose target holds (or, reading the source itself, was started
 // with) the token it has stands against the current rotation.
 func standingOf(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) standing {
 	r := standing{Current: holdsCurrent}
-	r.Policy, r.Held = policyOf(in, cfg.Rotation, t)
+	r.Move, r.Cannot = moveOf(in, t)
+	r.Policy, r.Held = policyOf(in, cfg.Rotation, r.Move, r.Cannot)
 	r.Unit = in.Cluster
 	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == names.OwnerRayService && !startedAt(in.Owner).IsZero()) {
 		r.Unit = in.Owner // a replacement acts on the RayService (also one `syncer rotate` asked for)

@@ -226,3 +226,84 @@ func TestTokenNeverChangesUnderRunningContainers(t *testing.T) {
 		})
 	}
 }
+
+// What raysync can do to move a cluster, whatever its policy: `syncer rotate` and the wave both read
+// it, so a cluster raysync cannot move is refused before anything is marked.
+func TestWhatRaysyncCannotMove(t *testing.T) {
+	shared := func() *corev1.Secret { return secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed) }
+	sharer := startedPod("other-head", "other", planNow.Add(-5*time.Hour), headPod)
+	const sharesCopy = "it shares the managed Secret shared, which holds one token for every cluster naming it"
+	tests := map[string]struct {
+		rc                                  *unstructured.Unstructured
+		opts                                []func(*ClusterInput)
+		wantPolicy, wantHeld                string
+		wantMove, wantUnmovable, wantTarget string
+	}{
+		"a standalone cluster, held by default: a request restarts it": {
+			rc: rayCluster("c1"), opts: []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod))},
+			wantPolicy: names.PolicyHold, wantMove: names.PolicyRestart, wantTarget: names.StateMissing,
+		},
+		"a standalone cluster sharing a managed copy with running clusters, held by default: raysync cannot move it": {
+			rc:         rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"})),
+			opts:       []func(*ClusterInput){target(shared()), pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), readers(sharer)},
+			wantPolicy: names.PolicyHold, wantUnmovable: sharesCopy, wantTarget: names.StateFrozen,
+		},
+		"a RayJob's cluster sharing a managed copy, restart by annotation: held, and raysync cannot move it": {
+			rc: rayCluster("c1", withAuth(map[string]any{"mode": "token", "secretName": "shared"}), annotated(names.RotationAnnotation, names.PolicyRestart),
+				withLabel(kuberay.OriginatedFromCRDLabel, "RayJob"), withLabel(kuberay.OriginatedFromNameLabel, "job")),
+			opts:       []func(*ClusterInput){target(shared()), pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), readers(sharer), owner(rayService("job"))},
+			wantPolicy: names.PolicyHold, wantHeld: sharesCopy, wantUnmovable: sharesCopy, wantTarget: names.StateFrozen,
+		},
+		"a generated Secret another RayCluster names too: raysync cannot move it": {
+			rc:         rayCluster("c1"),
+			opts:       []func(*ClusterInput){target(secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))), pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), readers(sharer), sharedWith("other")},
+			wantPolicy: names.PolicyHold, wantUnmovable: "RayCluster other also reads its Secret c1, which holds one token for every cluster naming it", wantTarget: names.StateFrozen,
+		},
+		"a RayService's cluster: replaced": {
+			rc:         rayCluster("c1", ofRayService("svc")),
+			opts:       []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), owner(rayService("svc"))},
+			wantPolicy: names.PolicyReplace, wantMove: names.PolicyReplace, wantTarget: names.StateMissing,
+		},
+		"a RayService's cluster on restart: KubeRay's RayService puts spec.suspend back, so it is held and a request replaces it": {
+			rc:         rayCluster("c1", ofRayService("svc"), annotated(names.RotationAnnotation, names.PolicyRestart)),
+			opts:       []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), owner(rayService("svc"))},
+			wantPolicy: names.PolicyHold, wantMove: names.PolicyReplace, wantTarget: names.StateMissing,
+			wantHeld: "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end",
+		},
+		"a RayService's cluster held by annotation, upgradeStrategy None: raysync cannot move it": {
+			rc:         rayCluster("c1", ofRayService("svc"), annotated(names.RotationAnnotation, names.PolicyHold)),
+			opts:       []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), owner(rayService("svc", setPath("None", "spec", "upgradeStrategy", "type")))},
+			wantPolicy: names.PolicyHold, wantTarget: names.StateMissing,
+			wantUnmovable: "its RayService has upgradeStrategy None: KubeRay would not start a new cluster",
+		},
+		"a RayService's cluster whose RayService is not cached: raysync cannot move it": {
+			rc:         rayCluster("c1", ofRayService("svc")),
+			opts:       []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod))},
+			wantPolicy: names.PolicyHold, wantTarget: names.StateMissing,
+			wantHeld: "its RayService is not in raysync's cache", wantUnmovable: "its RayService is not in raysync's cache",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			cfg := Config{Source: tokenSrc, Rotation: RotationOptions{Timeout: time.Hour}}.withDefaults()
+			p := planCluster(input(cfg, tc.rc, []*corev1.Secret{sourceSecret(token)}, append(tc.opts, withRotation)...), cfg)
+			r := p.Status.Rotation
+			if r == nil {
+				t.Fatalf("no rotation status: %+v", p.Status)
+			}
+			got := [...]string{r.State, r.Policy, r.Held, r.Move, r.Unmovable, p.Status.Token}
+			want := [...]string{names.TokenBehind, tc.wantPolicy, tc.wantHeld, tc.wantMove, tc.wantUnmovable, tc.wantTarget}
+			if got != want {
+				t.Errorf("state, policy, held, move, unmovable, target:\n got %q\nwant %q", got, want)
+			}
+		})
+	}
+}
+
+func readers(ps ...*corev1.Pod) func(*ClusterInput) {
+	return func(in *ClusterInput) { in.Readers = ps }
+}
+
+func sharedWith(clusters ...string) func(*ClusterInput) {
+	return func(in *ClusterInput) { in.SharedWith = clusters }
+}

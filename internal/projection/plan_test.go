@@ -112,7 +112,7 @@ func TestPlanToken(t *testing.T) {
 		"generated, absent: created in KubeRay's shape": {
 			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, wantState: names.StateOutOfSync,
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, planNow), Propagates: true},
+				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, bornAt(planNow)), Propagates: true},
 					normal(rc, names.ReasonTokenProjected, projected)}
 			},
 		},
@@ -153,7 +153,7 @@ func TestPlanToken(t *testing.T) {
 		"referenced, absent: a managed copy": {
 			rc: rayCluster("c1", referenced), sources: []*corev1.Secret{sourceSecret(token)}, wantState: names.StateOutOfSync,
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{CreateSecret{Secret: desiredManagedCopy(ns, "shared", []byte(token), tokenSrc, planNow), Propagates: true},
+				return []Action{CreateSecret{Secret: desiredManagedCopy(ns, "shared", []byte(token), tokenSrc, bornAt(planNow)), Propagates: true},
 					normal(rc, names.ReasonTokenProjected, projected)}
 			},
 		},

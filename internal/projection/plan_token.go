@@ -59,20 +59,24 @@ func TokenTargetFor(rc *unstructured.Unstructured, source types.NamespacedName) 
 // the canonical token into it while no container that reads it can have started, or refuse a Secret
 // raysync does not own. Once a container may have read it, the target keeps the token it holds: the
 // clusters reading it move to a new token only as a whole (plan_rotation.go).
-func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) {
+// It returns what it read of the target (nil without one), for the RayCluster's record (recordToken).
+func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) *tokenFacts {
 	t, ok, err := TokenTargetFor(in.Cluster, cfg.Source)
 	if err != nil {
 		p.warnOnce(in, names.ReasonInvalidSpec, fmt.Sprintf("raysync cannot read spec.authOptions: %v; leaving this cluster alone", err))
-		return
+		return nil
 	}
 	if !ok {
-		return
+		return nil
 	}
 	p.Status.Mode = t.Mode
 	f := tokenFactsOf(in, cfg, t)
 	c := classifyTokenTarget(f)
 	p.TokenCase = string(c)
-	p.actOnToken(f, c)
+	if p.actOnToken(f, c) {
+		return f
+	}
+	return nil
 }
 
 // tokenCase is what raysync makes of a cluster's token target: the first of tokenChecks that holds.
@@ -120,6 +124,11 @@ type tokenFacts struct {
 	// started: a container of a reader has started. onCurrent: every one that started can only hold
 	// the current token (startedOnCurrent).
 	started, onCurrent bool
+	// recorded: the target is gone or carries no mark of raysync's, and the RayClusters' records say
+	// that every container started among the readers holds the current token, written at recordedAt
+	// (recordedOnCurrent).
+	recorded   bool
+	recordedAt time.Time
 }
 
 func tokenFactsOf(in *ClusterInput, cfg Config, t TokenTarget) *tokenFacts {
@@ -129,6 +138,9 @@ func tokenFactsOf(in *ClusterInput, cfg Config, t TokenTarget) *tokenFacts {
 	}
 	f.started = anyStarted(f.readers)
 	f.onCurrent = startedOnCurrent(f.readers, in.Target, f.src.digest)
+	if f.src.valid() {
+		f.recordedAt, f.recorded = recordedOnCurrent(in, f.readers, in.Target, f.src.digest)
+	}
 	return f
 }
 
@@ -178,14 +190,15 @@ func foreignUnderTargetName(f *tokenFacts) bool { return f.cur == nil && f.in.Fo
 // deletedUnderUnknownToken: writing any token would split the cluster. Pods created now cannot start
 // (or, generated, get KubeRay's next random token): the cluster is behind and its policy moves it.
 // (onCurrent needs a target, so a deleted one leaves every started container's token unknown.)
-func deletedUnderUnknownToken(f *tokenFacts) bool { return f.cur == nil && f.started }
+func deletedUnderUnknownToken(f *tokenFacts) bool { return f.cur == nil && f.started && !f.recorded }
 
 // kubeRayCreatesIt: the admission webhook gives it the token; else raysync writes it as it arrives.
 func kubeRayCreatesIt(f *tokenFacts) bool {
 	return f.cur == nil && f.t.Mode == Generated && f.cfg.NoPrecreate && !f.started
 }
 
-// absent: a new cluster, or one whose containers hold the current token (its Secret was deleted).
+// absent: a new cluster, or one whose containers hold the current token, as its record says (its
+// Secret was deleted).
 func absent(f *tokenFacts) bool { return f.cur == nil }
 
 func notOurs(f *tokenFacts) bool { return f.cur != nil && !ownsTokenTarget(f.t, f.in.Cluster, f.cur) }
@@ -199,8 +212,11 @@ func holdsTokenForEarlierSource(f *tokenFacts) bool {
 func holdsCurrentToken(f *tokenFacts) bool { return f.cur != nil && holdsToken(f.cur, f.src.value) }
 
 // changedUnderCurrentContainers: someone changed the Secret under containers raysync saw start on
-// the current token; left so, the operator and every new pod would use a token the cluster refuses.
-func changedUnderCurrentContainers(f *tokenFacts) bool { return f.cur != nil && f.onCurrent }
+// the current token (its mark says so, or, when KubeRay re-created it without one, the RayCluster's
+// record); left so, the operator and every new pod would use a token the cluster refuses.
+func changedUnderCurrentContainers(f *tokenFacts) bool {
+	return f.cur != nil && (f.onCurrent || f.recorded)
+}
 
 // readByStartedContainers: running containers hold the token the target holds, and it is what raysync
 // wants there until a replacement or restart moves the cluster.
@@ -231,18 +247,18 @@ var tokenStates = map[tokenCase]string{
 }
 
 // actOnToken plans what case c of the token target means: its writes and Events, its state, and
-// where the cluster stands.
-func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
+// where the cluster stands. It returns false when raysync leaves the target alone altogether.
+func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) bool {
 	in, cfg, t, cur, token := f.in, f.cfg, f.t, f.cur, f.src.value
 	p.Status.Token = tokenStates[c]
 	switch c {
 	case tokenSourceInvalid:
-		return
+		return false
 	case tokenNotOwned:
 		p.Refused++
 		p.warnOnce(in, names.ReasonTargetNotOwned, fmt.Sprintf(
 			"Secret %s already exists and is not managed by raysync for this RayCluster; leaving it untouched", t.Name))
-		return
+		return false
 	case tokenSourceKeyMismatch:
 		p.TargetHoldsCurrent = true
 		p.warnOnce(in, names.ReasonSourceKeyMismatch, fmt.Sprintf(
@@ -253,9 +269,18 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
 	case tokenMissing:
 		p.warnOnce(in, names.ReasonTargetMissing, missingMessage(t))
 	case tokenCreate:
-		desired := desiredManagedCopy(t.Namespace, t.Name, token, cfg.Source, in.Now)
+		at := bornAt(in.Now)
+		if f.recorded {
+			at = f.recordedAt // the containers hold what raysync wrote then: the mark says so again
+		}
+		desired := desiredManagedCopy(t.Namespace, t.Name, token, cfg.Source, at)
 		if t.Mode == Generated {
-			desired = desiredGeneratedSecret(in.Cluster, t.Name, token, cfg.Source, in.Now)
+			desired = desiredGeneratedSecret(in.Cluster, t.Name, token, cfg.Source, at)
+		}
+		if f.recorded {
+			p.Actions = append(p.Actions, CreateSecret{Secret: desired})
+			p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored, restoredFromRecordMessage(t, in, cfg.Source))
+			break
 		}
 		p.Actions = append(p.Actions, CreateSecret{Secret: desired, Propagates: true})
 		p.event(in, corev1.EventTypeNormal, names.ReasonTokenProjected, projectedMessage(cfg.Source))
@@ -265,6 +290,11 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
 	case tokenInSync:
 		p.Unchanged, p.TargetHoldsCurrent = true, true
 	case tokenRestore:
+		if !f.onCurrent {
+			p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, f.recordedAt)})
+			p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored, restoredFromRecordMessage(t, in, cfg.Source))
+			break
+		}
 		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, syncedAtOr(cur, in.Now))})
 		p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored,
 			"auth Secret was changed under running Ray containers; restored the token they run on, from "+cfg.Source.String())
@@ -279,6 +309,12 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) {
 		p.event(in, corev1.EventTypeNormal, reason, message)
 	}
 	p.recordStanding(in, cfg, t, runsOnCurrent(f, c))
+	return true
+}
+
+func restoredFromRecordMessage(t TokenTarget, in *ClusterInput, source types.NamespacedName) string {
+	return fmt.Sprintf("auth Secret %s was deleted or re-created under Ray containers that run on the current canonical token (rotation %s, "+
+		"as recorded on the RayCluster); put that token back, from %s", t.Name, in.Sources.rotation.Name(), source)
 }
 
 // runsOnCurrent says whether, in case c, the cluster's containers hold (or will start with) the
@@ -303,6 +339,13 @@ func missingMessage(t TokenTarget) string {
 		"new Ray pods cannot start (CreateContainerConfigError) until it exists again; restart those clusters together, or re-create it "+
 		"with the token they run on", t.Name)
 }
+
+// bornAt is the synced-at of a Secret raysync creates holding the token: the second before it is
+// created. Nothing can have read it earlier, so a container started in the very second it was created
+// counts as holding its token (startedOnCurrent counts from the second after synced-at), which a write
+// into an existing Secret cannot claim: a container may have read the earlier value in that second.
+// raysync creates one only while no container that reads it has started.
+func bornAt(now time.Time) time.Time { return now.Truncate(time.Second).Add(-time.Second) }
 
 // readWindow: KubeRay creates a cluster's Secret and pods in one pass, and raysync, watching, replaces
 // its token within milliseconds; a kubelet takes longer than this to start a container of a pod it was

@@ -36,6 +36,9 @@ type unit struct {
 type clusterView struct {
 	in   *ClusterInput
 	plan ClusterPlan
+	// released: raysync no longer manages the cluster (out of scope, skipped, no token auth), and it
+	// carries a restart raysync started: the wave only ends that restart.
+	released bool
 }
 
 func (u *unit) key() string {
@@ -79,7 +82,7 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 			continue
 		}
 		w.InFlight++
-		if done, actions := advance(u, now, started); done || len(actions) > 0 {
+		if done, actions := advance(u, now, started, cfg.Rotation.Timeout); done || len(actions) > 0 {
 			w.Actions = append(w.Actions, actions...)
 			if done {
 				w.InFlight--
@@ -133,19 +136,23 @@ func groupUnits(clusters []clusterView) []*unit {
 	var order []*unit
 	for _, c := range clusters {
 		r := c.plan.Standing
-		if r.State == "" || r.Unit == nil {
-			continue
-		}
 		requested := metaString(c.in.Cluster, "annotations", names.RotateAnnotation) != ""
 		obj, action := r.Unit, ""
 		switch {
+		case released(c) || r.State == "" || r.Unit == nil:
+			// A cluster raysync does not (or no longer) plans a token for moves nowhere; one it was
+			// restarting is a unit still, so that the restart ends (advance).
+			if startedAt(c.in.Cluster).IsZero() {
+				continue
+			}
+			obj = c.in.Cluster
 		case names.OwnerKind(obj.GetKind()) == names.OwnerRayService:
 			action = names.PolicyReplace
 		case r.Policy == names.PolicyRestart:
 			action = names.PolicyRestart
-		case requested && r.Held == "" && ownerKind(c.in.Cluster) == names.OwnerRayService && c.in.Owner != nil && upgradeStrategy(c.in.Owner) != "None":
+		case requested && r.Cannot == "" && r.Move == names.PolicyReplace:
 			obj, action = c.in.Owner, names.PolicyReplace
-		case requested && r.Held == "":
+		case requested && r.Cannot == "":
 			action = names.PolicyRestart
 		}
 		u := &unit{ownerKind: names.OwnerKind(obj.GetKind()), obj: obj, action: action}
@@ -169,6 +176,9 @@ func groupUnits(clusters []clusterView) []*unit {
 	}
 	return order
 }
+
+// released: raysync no longer plans a token for the cluster (out of scope, skipped, or without token auth).
+func released(c clusterView) bool { return c.released || c.plan.Status.Mode == "" }
 
 // waits says why a cluster's unit cannot start now.
 func waits(c clusterView, action string) string {
@@ -199,8 +209,8 @@ func droppedRequests(clusters []clusterView) []Action {
 		switch {
 		case r.State == names.TokenCurrent:
 			why = "the cluster already runs on the current canonical token"
-		case r.State == names.TokenBehind && r.Held != "":
-			why = "raysync cannot move this cluster: " + r.Held
+		case r.State == names.TokenBehind && r.Cannot != "":
+			why = "raysync cannot move this cluster: " + r.Cannot
 		default:
 			continue
 		}
@@ -228,8 +238,9 @@ func pendingCluster(rs *unstructured.Unstructured) string {
 }
 
 // advance moves a rotation in flight on, and finishes it when it is done, or when nothing it waits
-// for can happen any more: no unit holds a slot of the wave for ever.
-func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
+// for can happen any more: no unit holds a slot of the wave for ever, and no cluster raysync suspended
+// stays suspended without a way forward.
+func advance(u *unit, now, started time.Time, timeout time.Duration) (done bool, acts []Action) {
 	if u.ownerKind == names.OwnerRayService {
 		return advanceReplace(u, now, started)
 	}
@@ -240,14 +251,25 @@ func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
 	end := PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(),
 		Patch: mergePatch(rc, map[string]any{names.RotationStartedAnnotation: nil, names.RotationTargetAnnotation: nil, names.RotationBlockedAnnotation: nil}, nil)}
 	target := metaString(rc, "annotations", names.RotationTargetAnnotation)
+	gone := len(m.in.Pods) == 0
 	switch {
-	case suspended(rc) && len(m.in.Pods) == 0 && holds:
+	case released(m):
+		return true, abandon(u, names.AbandonUnmanaged, fmt.Sprintf("restart for rotation %s abandoned: raysync no longer manages this cluster's token "+
+			"(out of scope, skipped, or without token auth); resumed it as it was", target))
+	case suspended(rc) && gone && holds:
 		// Every pod is gone and the Secret holds the new token: start the cluster again. KubeRay
 		// resumes a suspended cluster only on an explicit suspend: false.
 		return false, []Action{PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(),
 			Patch: mergePatch(rc, nil, map[string]any{"suspend": false})}}
+	case suspended(rc) && gone && !writesToken(m.plan) && !tokenComing(m.plan):
+		// Nothing will put the new token into its Secret: waiting would keep the cluster down for ever.
+		return true, abandon(u, names.AbandonCannotMove, fmt.Sprintf("restart for rotation %s abandoned: every pod is gone, but %s; "+
+			"resumed the cluster on the token its Secret holds. It stays behind", target, whyNoToken(m.plan)))
+	case suspended(rc) && timeout > 0 && now.Sub(started) > timeout:
+		return true, abandon(u, names.AbandonTimeout, fmt.Sprintf("restart for rotation %s abandoned: the cluster was still suspended after %s "+
+			"(not every pod had gone); resumed it on the token it had. It stays behind", target, timeout))
 	case suspended(rc):
-		return false, nil // KubeRay is stopping the pods, or the Secret waits for the token
+		return false, nil // KubeRay is stopping the pods, or the Secret is taking the token
 	case slices.ContainsFunc(m.in.Pods, func(p *corev1.Pod) bool { return p.CreationTimestamp.Time.Before(started.Truncate(time.Second)) }):
 		// spec.suspend was cleared before every pod had stopped: the cluster runs on as it was.
 		return true, append([]Action{end}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationRetried,
@@ -264,6 +286,55 @@ func advance(u *unit, now, started time.Time) (done bool, acts []Action) {
 	end.Completes = took
 	return true, append([]Action{end}, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
 		fmt.Sprintf("restarted on the current canonical token in %s", took.Round(time.Second)))...)
+}
+
+// abandon ends a restart that cannot finish: raysync's marks go, the cluster resumes (suspend: false)
+// on whatever token its Secret holds, and its policy does not restart it again for this rotation.
+func abandon(u *unit, reason, msg string) []Action {
+	rc := u.obj
+	var spec map[string]any
+	if suspended(rc) {
+		spec = map[string]any{"suspend": false}
+	}
+	marks := map[string]any{names.RotationStartedAnnotation: nil, names.RotationTargetAnnotation: nil, names.RotationBlockedAnnotation: nil}
+	if target := metaString(rc, "annotations", names.RotationTargetAnnotation); target != "" {
+		marks[names.RotationAbandonedAnnotation] = target
+	}
+	patch := PatchRotation{Kind: names.OwnerRayCluster, Namespace: rc.GetNamespace(), Name: rc.GetName(), Abandons: reason, Patch: mergePatch(rc, marks, spec)}
+	return append([]Action{patch}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationAbandoned, msg)...)
+}
+
+// writesToken: the cluster's plan puts the current token into its Secret.
+func writesToken(p ClusterPlan) bool {
+	return slices.ContainsFunc(p.Actions, func(a Action) bool {
+		switch a := a.(type) {
+		case CreateSecret:
+			return a.Propagates
+		case UpdateSecret:
+			return a.Propagates
+		}
+		return false
+	})
+}
+
+// tokenComing: the cluster's Secret is not written in this plan, but will be without anyone's help (KubeRay
+// creates it, then raysync writes it) or once the source is usable again: the restart waits (up to the
+// timeout) rather than give up.
+func tokenComing(p ClusterPlan) bool {
+	return p.TokenCase == string(tokenLeftToKubeRay) || p.TokenCase == string(tokenSourceInvalid)
+}
+
+// whyNoToken says why a cluster's Secret does not take the current token, from its plan.
+func whyNoToken(p ClusterPlan) string {
+	switch {
+	case p.Standing.Cannot != "":
+		return p.Standing.Cannot
+	case p.Status.Token == names.StateNotOwned:
+		return "its auth Secret is not raysync's to write"
+	case p.Status.Token == names.StateMissing:
+		return "its auth Secret is missing while containers of clusters naming it run"
+	}
+	return "its auth Secret keeps the token other containers run on (" + p.TokenCase + ")"
 }
 
 func suspended(rc *unstructured.Unstructured) bool {

@@ -29,9 +29,12 @@ func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, id)})
 		msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; traffic switches when it is ready", memberNames(u), cur.Name())
 	} else {
+		marks := map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name(), names.RotateAnnotation: nil}
+		if metaString(u.obj, "annotations", names.RotationAbandonedAnnotation) != "" {
+			marks[names.RotationAbandonedAnnotation] = nil
+		}
 		acts = append(acts, PatchRotation{Kind: names.OwnerRayCluster, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyRestart,
-			Patch: mergePatch(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name(),
-				names.RotateAnnotation: nil}, map[string]any{"suspend": true})})
+			Patch: mergePatch(u.obj, marks, map[string]any{"suspend": true})})
 		msg = fmt.Sprintf("restarting the whole cluster on rotation %s of the canonical token: every pod stops, then all start with the new token", cur.Name())
 	}
 	for _, m := range u.members {

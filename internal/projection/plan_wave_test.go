@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/raysync/raysync/internal/ledger"
 	"github.com/raysync/raysync/internal/names"
@@ -30,6 +32,11 @@ func view(t *testing.T, cfg Config, rc *unstructured.Unstructured, holds bool, o
 	return clusterView{in: in, plan: planCluster(in, cfg)}
 }
 
+// notReady: the cluster's pods were re-created an hour ago, its head not Ready (a restart that does not come up).
+func notReady(cluster string) func(*ClusterInput) {
+	return pods(startedPod(cluster+"-head", cluster, planNow.Add(-time.Hour)))
+}
+
 func restartCluster(name string, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
 	return rayCluster(name, append([]func(*unstructured.Unstructured){annotated(names.RotationAnnotation, "restart"), resourceVersion("3")}, opts...)...)
 }
@@ -44,6 +51,9 @@ func kinds(acts []Action) []string {
 				what = "start"
 			} else if a.Completes > 0 {
 				what = "complete"
+			}
+			if a.Abandons != "" {
+				what = "abandon"
 			}
 			out = append(out, what+" "+string(a.Kind)+" "+a.Name)
 		case RecordEvent:
@@ -99,24 +109,24 @@ func TestPlanWave(t *testing.T) {
 			},
 			want: []string{"start RayCluster held", "event RotationStarted held"}, inFlight: 1,
 		},
-		"past the timeout: blocked once, and nothing else starts": {
+		"past the timeout, its new pods never ready: blocked once, and nothing else starts": {
 			views: func() []clusterView {
-				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), setPath(true, "spec", "suspend"), annotated(names.RotationTargetAnnotation, "7")), false),
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7")), true, notReady("c1")),
 					view(t, cfg, restartCluster("c2"), false)}
 			},
 			want: []string{"patch RayCluster c1", "event RotationBlocked c1"}, inFlight: 1, blocked: true,
 		},
 		"blocked and already reported: quiet, still blocking": {
 			views: func() []clusterView {
-				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), setPath(true, "spec", "suspend"), annotated(names.RotationTargetAnnotation, "7"),
-					annotated(names.RotationBlockedAnnotation, "x")), false), view(t, cfg, restartCluster("c2"), false)}
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7"),
+					annotated(names.RotationBlockedAnnotation, "x")), true, notReady("c1")), view(t, cfg, restartCluster("c2"), false)}
 			},
 			inFlight: 1, blocked: true,
 		},
 		"blocked on an older rotation: the new wave goes on": {
 			views: func() []clusterView {
-				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), setPath(true, "spec", "suspend"), annotated(names.RotationTargetAnnotation, "6"),
-					annotated(names.RotationBlockedAnnotation, "x")), false), view(t, cfg, restartCluster("c2"), false)}
+				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "6"),
+					annotated(names.RotationBlockedAnnotation, "x")), true, notReady("c1")), view(t, cfg, restartCluster("c2"), false)}
 			},
 			want: []string{"start RayCluster c2", "event RotationStarted c2"}, inFlight: 2,
 		},
@@ -211,6 +221,124 @@ func TestPlanWave(t *testing.T) {
 	}
 }
 
+// Every restart raysync starts has a way forward: a cluster it cannot move is never suspended, and one
+// suspended that cannot finish is resumed (Event RotationAbandoned) and frees its slot of the wave.
+func TestWaveNeverLeavesAClusterSuspended(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Rotation: RotationOptions{MaxConcurrent: 2, Timeout: time.Hour}}.withDefaults()
+	started := func(ago time.Duration) func(*unstructured.Unstructured) {
+		return annotated(names.RotationStartedAnnotation, planNow.Add(-ago).Format(time.RFC3339))
+	}
+	inFlight := func(ago time.Duration) []func(*unstructured.Unstructured) {
+		return []func(*unstructured.Unstructured){started(ago), annotated(names.RotationTargetAnnotation, "7"), setPath(true, "spec", "suspend")}
+	}
+	sharesCopy := func(opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
+		return rayCluster("share-a", append([]func(*unstructured.Unstructured){withAuth(map[string]any{"mode": "token", "secretName": "shared"}), resourceVersion("3")}, opts...)...)
+	}
+	// share-a names the managed copy "shared", which share-b's running head reads too.
+	sharedView := func(rc *unstructured.Unstructured, opts ...func(*ClusterInput)) clusterView {
+		copyOf := secret(ns, "shared", map[string]string{"auth_token": oldToken}, managed)
+		all := append([]func(*ClusterInput){target(copyOf), pods(startedPod("share-a-head", "share-a", planNow.Add(-5*time.Hour), headPod)),
+			readers(startedPod("share-b-head", "share-b", planNow.Add(-5*time.Hour), headPod)), sharedWith("share-b"), withRotation}, opts...)
+		in := input(cfg, rc, []*corev1.Secret{sourceSecret(token)}, all...)
+		return clusterView{in: in, plan: planCluster(in, cfg)}
+	}
+	tests := map[string]struct {
+		views    func() []clusterView
+		want     []string
+		inFlight int
+	}{
+		"`syncer rotate` on a held cluster sharing a managed copy with running clusters: the request is removed, nothing is suspended": {
+			views: func() []clusterView {
+				return []clusterView{sharedView(sharesCopy(annotated(names.RotateAnnotation, "now")))}
+			},
+			want: []string{"patch RayCluster share-a", "event RotationNotNeeded share-a"},
+		},
+		"restart policy on a cluster sharing a managed copy: never started": {
+			views: func() []clusterView {
+				return []clusterView{sharedView(sharesCopy(annotated(names.RotationAnnotation, names.PolicyRestart)))}
+			},
+		},
+		"suspended, every pod gone, its Secret kept on the old token for a running sharer: resumed at once": {
+			views: func() []clusterView { return []clusterView{sharedView(sharesCopy(inFlight(time.Minute)...), pods())} },
+			want:  []string{"abandon RayCluster share-a", "event RotationAbandoned share-a"},
+		},
+		"suspended, every pod gone, its Secret about to take the new token: the restart goes on": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", inFlight(time.Minute)...), false, pods())}
+			},
+			inFlight: 1,
+		},
+		"suspended, every pod gone, its Secret no longer raysync's: resumed at once": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", inFlight(time.Minute)...), false, pods(), func(in *ClusterInput) {
+					in.Target = secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("someone-else"))
+				})}
+			},
+			want: []string{"abandon RayCluster c1", "event RotationAbandoned c1"},
+		},
+		"suspended, every pod gone, the source unusable for a moment: the restart waits": {
+			views: func() []clusterView {
+				rc := restartCluster("c1", inFlight(time.Minute)...)
+				in := input(cfg, rc, []*corev1.Secret{sourceSecret(" bad ")}, withRotation,
+					target(secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1"))))
+				return []clusterView{{in: in, plan: planCluster(in, cfg)}}
+			},
+			inFlight: 1,
+		},
+		"suspended, every pod gone, its Secret deleted and left to KubeRay to create: the restart waits": {
+			views: func() []clusterView {
+				c := cfg
+				c.NoPrecreate = true
+				in := input(c, restartCluster("c1", inFlight(time.Minute)...), []*corev1.Secret{sourceSecret(token)}, withRotation)
+				return []clusterView{{in: in, plan: planCluster(in, c)}}
+			},
+			inFlight: 1,
+		},
+		"suspended past --rotation-timeout with pods left: resumed on the token it had, and the wave goes on": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", inFlight(2*time.Hour)...), false), view(t, cfg, restartCluster("c2"), false)}
+			},
+			want:     []string{"abandon RayCluster c1", "event RotationAbandoned c1", "start RayCluster c2", "event RotationStarted c2"},
+			inFlight: 1,
+		},
+		"suspended, and raysync no longer manages the cluster: resumed at once": {
+			views: func() []clusterView {
+				rc := restartCluster("c1", append(inFlight(time.Minute), annotated(names.SkipAnnotation, "true"))...)
+				return []clusterView{{in: input(cfg, rc, []*corev1.Secret{sourceSecret(token)}, withRotation), released: true}}
+			},
+			want: []string{"abandon RayCluster c1", "event RotationAbandoned c1"},
+		},
+		"restart abandoned for the current rotation: its policy does not start it again": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", annotated(names.RotationAbandonedAnnotation, "7")), false)}
+			},
+		},
+		"restart abandoned for the current rotation, then `syncer rotate`: started": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", annotated(names.RotationAbandonedAnnotation, "7"), annotated(names.RotateAnnotation, "now")), false)}
+			},
+			want: []string{"start RayCluster c1", "event RotationStarted c1"}, inFlight: 1,
+		},
+		"restart abandoned for an earlier rotation: its policy starts it": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", annotated(names.RotationAbandonedAnnotation, "6")), false)}
+			},
+			want: []string{"start RayCluster c1", "event RotationStarted c1"}, inFlight: 1,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			w := planWave(tc.views(), cfg, planNow, nil)
+			if diff := cmp.Diff(tc.want, kinds(w.Actions)); diff != "" {
+				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+			if w.InFlight != tc.inFlight || w.Blocked {
+				t.Errorf("in flight %d, blocked %v; want %d, false", w.InFlight, w.Blocked, tc.inFlight)
+			}
+		})
+	}
+}
+
 func TestWaveWaitsForTheLedger(t *testing.T) {
 	cfg := Config{Source: tokenSrc}.withDefaults()
 	v := view(t, cfg, restartCluster("c1"), false)
@@ -246,5 +374,51 @@ func TestRotationPatches(t *testing.T) {
 		if p, ok := a.(PatchRotation); ok && strings.Contains(string(p.Patch), token) {
 			t.Fatal("a rotation patch carries the token")
 		}
+	}
+}
+
+// The exact patch that gives up a restart: raysync's marks go, the cluster resumes, and the rotation
+// it was restarted for is recorded so its policy does not start it again for that rotation.
+func TestAbandonPatch(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Rotation: RotationOptions{Timeout: time.Hour}}.withDefaults()
+	rc := restartCluster("c1", annotated(names.RotationStartedAnnotation, planNow.Add(-2*time.Hour).Format(time.RFC3339)),
+		annotated(names.RotationTargetAnnotation, "7"), setPath(true, "spec", "suspend"))
+	w := planWave([]clusterView{view(t, cfg, rc, false)}, cfg, planNow, nil)
+	checkPlan(t, ClusterPlan{Actions: w.Actions[:1]}, []Action{PatchRotation{Kind: "RayCluster", Namespace: ns, Name: "c1", Abandons: names.AbandonTimeout,
+		Patch: []byte(`{"metadata":{"resourceVersion":"3","annotations":{"raysync.dev/rotation-started":null,"raysync.dev/rotation-target":null,
+			"raysync.dev/rotation-blocked":null,"raysync.dev/rotation-abandoned":"7"}},"spec":{"suspend":false}}`)}})
+	// Starting again (on request) takes the abandoned mark away.
+	again := restartCluster("c1", annotated(names.RotationAbandonedAnnotation, "7"), annotated(names.RotateAnnotation, "now"))
+	w = planWave([]clusterView{view(t, cfg, again, false)}, cfg, planNow, nil)
+	stamp := planNow.UTC().Format(time.RFC3339)
+	checkPlan(t, ClusterPlan{Actions: w.Actions[:1]}, []Action{PatchRotation{Kind: "RayCluster", Namespace: ns, Name: "c1", Starts: "restart",
+		Patch: []byte(`{"metadata":{"resourceVersion":"3","annotations":{"raysync.dev/rotation-started":"` + stamp + `",
+			"raysync.dev/rotation-target":"7","raysync.dev/rotate":null,"raysync.dev/rotation-abandoned":null}},"spec":{"suspend":true}}`)}})
+}
+
+// A cluster raysync was restarting and then let go (annotated raysync.dev/skip): the controller's
+// wave resumes it, with a Warning and the metric.
+func TestWaveResumesAClusterItLetGo(t *testing.T) {
+	rc := restartCluster("c1", annotated(names.RotationStartedAnnotation, planNow.Add(-time.Minute).Format(time.RFC3339)),
+		annotated(names.RotationTargetAnnotation, "7"), setPath(true, "spec", "suspend"), annotated(names.SkipAnnotation, "true"))
+	h := newHarnessWith(t, Config{Source: tokenSrc}, []*unstructured.Unstructured{rc}, sourceSecret(token))
+	if err := h.ctrl.syncWave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var patches []string
+	for _, a := range h.dyn.Actions() {
+		if p, ok := a.(clienttesting.PatchAction); ok {
+			patches = append(patches, p.GetName()+" "+string(p.GetPatch()))
+		}
+	}
+	want := []string{`c1 {"metadata":{"annotations":{"raysync.dev/rotation-abandoned":"7","raysync.dev/rotation-blocked":null,"raysync.dev/rotation-started":null,"raysync.dev/rotation-target":null},"resourceVersion":"3"},"spec":{"suspend":false}}`}
+	if diff := cmp.Diff(want, patches); diff != "" {
+		t.Errorf("patches (-want +got):\n%s", diff)
+	}
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], "Warning RotationAbandoned") {
+		t.Errorf("events %v", ev)
+	}
+	if v := testutilValue(h.metrics.RotationsAbandoned.WithLabelValues(names.AbandonUnmanaged)); v != 1 {
+		t.Errorf("raysync_rotations_abandoned_total{reason=unmanaged} = %v", v)
 	}
 }
