@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -397,9 +399,16 @@ func waitHTTP(ctx context.Context, p *process, url, want string, timeout time.Du
 	})
 }
 
-// freePorts reserves n distinct loopback ports. Holding all listeners until every port is chosen
-// keeps them distinct; the kernel does not hand a just-closed ephemeral port straight back out.
+// freePorts reserves n distinct loopback ports below the kernel's ephemeral range. A port the kernel
+// handed out for a listener (127.0.0.1:0) is one it also hands out as the source port of an outgoing
+// connection: with another package's tests busy on the same machine, such a port was taken between
+// choosing it and etcd binding it (CI: a harness whose etcd could not listen). Ports below the range
+// are only ever taken by a listener; each is checked free, chosen at random so that concurrent test
+// processes rarely meet, and never handed out twice by this process.
 func freePorts(n int) ([]int, error) {
+	lo, hi := listenerPortRange()
+	portMu.Lock()
+	defer portMu.Unlock()
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -407,15 +416,43 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 10000 {
+			return nil, fmt.Errorf("no free loopback port in %d-%d", lo, hi)
+		}
+		port := lo + rand.IntN(hi-lo)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
-			return nil, err
+			continue
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		portsGiven[port] = true
+		ports = append(ports, port)
 	}
 	return ports, nil
+}
+
+var (
+	portMu     sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// listenerPortRange is [lo, hi): the ports below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range, 32768-60999 by default) and above the well-known and
+// commonly configured ones.
+func listenerPortRange() (int, int) {
+	lo, hi := 20000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if first, err := strconv.Atoi(f[0]); err == nil && first > lo+1000 {
+				hi = first
+			}
+		}
+	}
+	return lo, hi
 }
 
 // FreePort returns a loopback port for a test's own listener.
