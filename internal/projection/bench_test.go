@@ -50,7 +50,12 @@ func BenchmarkStatus1000(b *testing.B) {
 // scrapeFleet is 1,000 in-sync clusters shaped like a production fleet: a head and 4 worker groups,
 // 40 env entries per container, autoscaling, a running head and two running workers each, with a pull
 // secret and the autoscaler's client TLS configured and in place.
-func scrapeFleet(b *testing.B) *harness {
+func scrapeFleet(b testing.TB) *harness { return fleetOf(b, 1000, nil) }
+
+// fleetOf is n clusters of scrapeFleet's shape; vary, when not nil, changes cluster i's objects
+// (the cluster, its token target, its pods) before they are stored.
+func fleetOf(b testing.TB, n int, vary func(i int, rc *unstructured.Unstructured, target *corev1.Secret, pods []*corev1.Pod) []runtime.Object) *harness {
+	b.Helper()
 	crt, key := testCert(b)
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "autoscaler-tls"}
 	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
@@ -72,7 +77,7 @@ func scrapeFleet(b *testing.B) *harness {
 	}
 	objs := []runtime.Object{sourceSecret(token), pullSecretSource(), tlsSecret, copyOf(pullSecretSource(), names.KindPullSecret), copyOf(tlsSecret, names.KindAutoscalerTLS)}
 	var clusters []*unstructured.Unstructured
-	for i := range 1000 {
+	for i := range n {
 		name := fmt.Sprintf("c%04d", i)
 		rc := rayCluster(name, autoscaling)
 		spec := rc.Object["spec"].(map[string]any)
@@ -88,8 +93,8 @@ func scrapeFleet(b *testing.B) *harness {
 		if err != nil {
 			b.Fatal(err)
 		}
-		clusters = append(clusters, rc)
-		objs = append(objs, secret(ns, name, map[string]string{"auth_token": token}, ownedBy(name)))
+		target := secret(ns, name, map[string]string{"auth_token": token}, ownedBy(name))
+		var pods []*corev1.Pod
 		for _, p := range []string{"head", "w1", "w2"} {
 			pod := rayPod(name+"-"+p, name, running, withPullSecret)
 			pod.UID = types.UID("uid-" + pod.Name)
@@ -98,7 +103,21 @@ func scrapeFleet(b *testing.B) *harness {
 					Env: []corev1.EnvVar{{Name: podtemplate.EnvClientCertPath, Value: podtemplate.DefaultTLSMountPath + "/tls.crt"}}})
 				pod.Spec.Volumes = []corev1.Volume{{Name: names.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: tlsSrc.Name}}}}
 			}
-			objs = append(objs, pod)
+			pods = append(pods, pod)
+		}
+		var extra []runtime.Object
+		if vary != nil {
+			extra = vary(i, rc, target, pods)
+		}
+		clusters = append(clusters, rc)
+		objs = append(objs, extra...)
+		if target.Name != "" {
+			objs = append(objs, target)
+		}
+		for _, p := range pods {
+			if p.Name != "" {
+				objs = append(objs, p)
+			}
 		}
 	}
 	return newHarnessWith(b, Config{Source: tokenSrc, Pods: pods}, clusters, objs...)
