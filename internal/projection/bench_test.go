@@ -175,12 +175,14 @@ func BenchmarkAdmitPod(b *testing.B) {
 	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: podtemplate.DefaultTLSMountPath}}
 	h := newDryRunHarness(b, false, cfg, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token), pullSecretSource(), tlsSecret)
 	a := h.ctrl.Admitter()
-	raw := []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
-		"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if ops, result, _ := a.Pod(context.Background(), ns, raw); result != names.AdmitMutated || len(ops) != 4 {
+		if ops, result, _ := a.Pod(context.Background(), ns, admitPodRequest); result != names.AdmitMutated || len(ops) != 4 {
 			b.Fatalf("%s %v", result, ops)
 		}
 	}
 }
+
+// admitPodRequest is an autoscaling head of c1 as KubeRay creates it.
+var admitPodRequest = []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
+	"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)

@@ -143,6 +143,9 @@ type ClusterInput struct {
 	GatewayAddress *corev1.Service
 	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.
 	targetName string
+	// reportOnly: the plan is read for its Status alone (the Reporter, on every scrape), so the
+	// Events, on which no status depends, are not built.
+	reportOnly bool
 	// drift checks the pod templates: podtemplate.Drift when nil, or the Reporter's memo of it (same answers).
 	drift func(*unstructured.Unstructured, podtemplate.Config) (podtemplate.Missing, error)
 }
@@ -253,6 +256,9 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 
 // warnOnce plans a Warning Event on the cluster once per generation and reason.
 func (p *ClusterPlan) warnOnce(in *ClusterInput, reason, message string) {
+	if in.reportOnly {
+		return
+	}
 	gen := generationKey(in.Cluster)
 	if in.Memory.warned[reason] == gen {
 		return
@@ -262,6 +268,9 @@ func (p *ClusterPlan) warnOnce(in *ClusterInput, reason, message string) {
 }
 
 func (p *ClusterPlan) event(in *ClusterInput, typ, reason, message string) {
+	if in.reportOnly {
+		return
+	}
 	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: typ, Reason: reason, Message: message})
 }
 

