@@ -19,7 +19,8 @@ import (
 // the fixed template.
 func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc := in.Cluster
-	tc, pullStates, tlsState := podTemplateConfig(in, p)
+	var states [4]string // room for the usual few pull secrets without allocating
+	tc, pullStates, tlsState := podTemplateConfig(in, p, states[:0])
 	autoscaling := podtemplate.Autoscaling(rc)
 
 	check := in.drift
@@ -76,17 +77,27 @@ func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 }
 
 // podTemplateConfig is what the cluster's pods must carry (the copies they name planned into p), and
-// the state of each pull-secret copy and of the TLS copy ("" when there is none to make).
-func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc podtemplate.Config, pullStates []string, tlsState string) {
-	for _, src := range in.Sources.pull {
+// the state of each pull-secret copy (appended to pullStates) and of the TLS copy ("" when there is
+// none to make).
+func podTemplateConfig(in *ClusterInput, p *ClusterPlan, pullStates []string) (tc podtemplate.Config, _ []string, tlsState string) {
+	usable := 0 // how many pull sources, in order, are usable
+	for i, src := range in.Sources.pull {
 		state := names.StateSourceInvalid
 		if src.valid() {
-			var usable bool
-			if state, usable = planCopy(in, src, p); usable {
-				tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
+			var ok bool
+			if state, ok = planCopy(in, src, p); ok {
+				if usable == i {
+					usable++
+				} else {
+					tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
+				}
 			}
 		}
 		pullStates = append(pullStates, state)
+	}
+	// The names of the first usable sources are the shared list's start; the rest were appended.
+	if usable > 0 {
+		tc.PullSecrets = append(slices.Clip(in.Sources.pullNames[:usable]), tc.PullSecrets...)
 	}
 	if src := in.Sources.tls; src != nil && podtemplate.Autoscaling(in.Cluster) {
 		tlsState = names.StateSourceInvalid

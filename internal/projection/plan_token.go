@@ -117,7 +117,7 @@ type tokenFacts struct {
 	in  *ClusterInput
 	cfg Config
 	t   TokenTarget
-	src source
+	src *source // the token source, shared by every cluster of a scrape (read only)
 	cur *corev1.Secret // the target as cached; nil when absent
 	// readers are every pod that reads the target: this cluster's, and those of other clusters naming it.
 	readers []*corev1.Pod
@@ -132,7 +132,7 @@ type tokenFacts struct {
 }
 
 func tokenFactsOf(in *ClusterInput, cfg Config, t TokenTarget) *tokenFacts {
-	f := &tokenFacts{in: in, cfg: cfg, t: t, src: in.Sources.token, cur: in.Target, readers: in.Pods}
+	f := &tokenFacts{in: in, cfg: cfg, t: t, src: &in.Sources.token, cur: in.Target, readers: in.Pods}
 	if len(in.Readers) > 0 {
 		f.readers = append(slices.Clip(in.Pods), in.Readers...)
 	}

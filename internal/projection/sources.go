@@ -22,6 +22,8 @@ import (
 type sourceView struct {
 	token source
 	pull  []source
+	// pullNames are the pull sources' names, shared (read only) by every cluster whose copies are all usable.
+	pullNames []string
 	tls   *source // nil when no client certificate is configured
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
 	ledger   ledger.Ledger
@@ -75,7 +77,9 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
 		s.err = validate.PullSecret(s.secret)
 		v.pull = append(v.pull, s)
+		v.pullNames = append(v.pullNames, n.Name)
 	}
+	v.pullNames = slices.Clip(v.pullNames)
 	if n := cfg.Pods.AutoscalerTLS; n != nil {
 		s := source{name: *n, kind: names.KindAutoscalerTLS, secret: get(*n)}
 		s.cert, s.err = validate.AutoscalerTLS(s.secret, now)
