@@ -117,7 +117,7 @@ type tokenFacts struct {
 	in  *ClusterInput
 	cfg Config
 	t   TokenTarget
-	src *source // the token source, shared by every cluster of a scrape (read only)
+	src *source        // the token source, shared by every cluster of a scrape (read only)
 	cur *corev1.Secret // the target as cached; nil when absent
 	// readers are every pod that reads the target: this cluster's, and those of other clusters naming it.
 	readers []*corev1.Pod

@@ -24,7 +24,7 @@ type sourceView struct {
 	pull  []source
 	// pullNames are the pull sources' names, shared (read only) by every cluster whose copies are all usable.
 	pullNames []string
-	tls   *source // nil when no client certificate is configured
+	tls       *source // nil when no client certificate is configured
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
 	ledger   ledger.Ledger
 	rotation ledger.Rotation
