@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/kuberay"
 )
@@ -116,5 +118,34 @@ func TestScrapeOutputUnchanged(t *testing.T) {
 			}
 		}
 		t.Fatalf("scrape output differs from %s: %d lines, want %d", path, len(gl), len(wl))
+	}
+}
+
+// TestSourceParsesFollowTheCachedObject: a new version of a source (a new object in the caches) is
+// parsed again; the same object is not.
+func TestSourceParsesFollowTheCachedObject(t *testing.T) {
+	crt, key := testCert(t)
+	n := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "tls"}
+	good := &corev1.Secret{Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}
+	broken := &corev1.Secret{Data: map[string][]byte{"tls.crt": crt}}
+	var m sourceParses
+	now := time.Now()
+	for i, tc := range []struct {
+		s     *corev1.Secret
+		valid bool
+	}{{good, true}, {good, true}, {broken, false}, {good, true}, {nil, false}} {
+		if _, err := m.tls(n, tc.s).At(now); (err == nil) != tc.valid {
+			t.Errorf("step %d: err = %v, want valid %v", i, err, tc.valid)
+		}
+	}
+	if _, err := m.tls(n, good).At(now.Add(48 * time.Hour)); err == nil {
+		t.Error("a remembered certificate is still judged at the time asked: want expired")
+	}
+	l1 := secret(tokenSrc.Namespace, "ledger", nil)
+	if _, err := m.ledger(l1); err == nil {
+		t.Error("an unowned ledger Secret was read")
+	}
+	if l, err := m.ledger(nil); err != nil || l != nil {
+		t.Errorf("no ledger Secret: %v %v", l, err)
 	}
 }
