@@ -23,20 +23,26 @@ type allocBudget struct{ perCluster, constant float64 }
 
 func (b allocBudget) at(n int) float64 { return b.perCluster*float64(n) + b.constant }
 
+// The budgets hold what was measured when they were set (2026-12-02, issue 28), with half an
+// allocation per cluster of room for rounding: one more allocation per cluster fails at 200 clusters.
+// Before issue 28 the scrape took 34 per cluster + ~223, the exposition 119 per cluster, a
+// reconcile 233 (the client certificate was parsed on every pass), an admission 152.
 var (
-	// scrapeBudget: Snapshot, what the metrics collector reads on every scrape, leader or standby.
-	scrapeBudget = allocBudget{perCluster: 1e9, constant: 0}
-	// exposeBudget: a whole gather of the state collector's series from the registry (Snapshot included).
-	exposeBudget = allocBudget{perCluster: 1e9, constant: 0}
-	// statusBudget: Status, what `syncer status` and the scrape compute per cluster.
-	statusBudget = allocBudget{perCluster: 1e9, constant: 0}
+	// scrapeBudget: Snapshot, what the metrics collector reads on every scrape, leader or standby
+	// (17 per cluster: 5 are the informer's index and key lookups, 4 the plan's status and memo).
+	scrapeBudget = allocBudget{perCluster: 17.5, constant: 60}
+	// statusBudget: Status, what `syncer status` and the scrape compute.
+	statusBudget = allocBudget{perCluster: 17.5, constant: 60}
+	// exposeBudget: a gather of the state collector's series from the registry, Snapshot included
+	// (27 per cluster; client_golang's Gather makes ~10 of them, one dto per series).
+	exposeBudget = allocBudget{perCluster: 27.5, constant: 200}
 )
 
 const (
-	// reconcileBudget: one syncCluster of an in-sync cluster with pod sources (gather, plan, no write).
-	reconcileBudget = 1e9
-	// admitBudget: one webhook decision for an autoscaling head (BenchmarkAdmitPod's request).
-	admitBudget = 1e9
+	// reconcileBudget: one syncCluster of an in-sync cluster with pod sources (gather, plan, no write): 51.
+	reconcileBudget = 55
+	// admitBudget: one webhook decision for an autoscaling head (BenchmarkAdmitPod's request): 151.
+	admitBudget = 155
 )
 
 func fleetSizes(t *testing.T) []int {
@@ -48,7 +54,10 @@ func fleetSizes(t *testing.T) []int {
 
 func checkBudget(t *testing.T, what string, n int, got float64, budget float64) {
 	t.Helper()
-	t.Logf("%s at %d clusters: %.0f allocations (budget %.0f)", what, n, got, budget)
+	if raceEnabled {
+		t.Skip("the race detector's own allocations are not the code's")
+	}
+	t.Logf("%s at %d cluster(s): %.0f allocations (budget %.0f)", what, n, got, budget)
 	if got > budget {
 		t.Errorf("%s at %d clusters allocates %.0f times, over its budget of %.0f: find what allocates more "+
 			"(go test -bench Scrape1000 -memprofile), or raise the budget in this file on purpose, saying why", what, n, got, budget)

@@ -3,11 +3,13 @@ package projection
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -186,3 +188,22 @@ func BenchmarkAdmitPod(b *testing.B) {
 // admitPodRequest is an autoscaling head of c1 as KubeRay creates it.
 var admitPodRequest = []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
 	"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)
+
+// BenchmarkExposition1000 is the whole /metrics answer over scrapeFleet, as Prometheus reads it:
+// the snapshot, the state collector's series, the Go and process collectors, the text encoding.
+func BenchmarkExposition1000(b *testing.B) {
+	h := scrapeFleet(b)
+	handler := promhttp.HandlerFor(h.metrics.Registry, promhttp.HandlerOpts{})
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := processCPU()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatal(w.Code)
+		}
+	}
+	b.ReportMetric(float64(processCPU()-cpu)/float64(b.N)/1e6, "cpu-ms/op")
+}
