@@ -320,7 +320,10 @@ func main() {
 			eventRatios = append(eventRatios, x.RaysyncLastMs/x.MinimalEventsLastMs)
 			fmt.Fprintf(os.Stderr, "bench: fan-out N=%d round %d: raysync %.0f ms, minimal client %.0f ms (%.2fx), with Events %.0f ms (%.2fx); %d TokenRotated Events so far\n",
 				n, round+1, x.RaysyncLastMs, x.MinimalLastMs, ratios[round], x.MinimalEventsLastMs, eventRatios[round], events)
+			// The next process (start, cache sync, one rotation) writes a CPU profile: where raysync's time goes.
+			b.profile = filepath.Join(os.TempDir(), fmt.Sprintf("raysync-fanout-%d-round%d.pprof", n, round+2))
 			s = b.startSyncer("--namespaces=" + b.ns)
+			b.profile = ""
 		}
 		r.MinimalLastMs = median(func() []float64 {
 			var m []float64
@@ -361,6 +364,8 @@ type bench struct {
 	ns    string
 	token string
 	objs  []*corev1.Secret
+	// profile, when set, is where raysync writes a CPU profile of its run ($RAYSYNC_CPUPROFILE).
+	profile string
 	// webhookURL and webhookCA: the webhook raysync serves (admission scenario).
 	webhookURL string
 	webhookCA  []byte
@@ -650,6 +655,9 @@ func (b *bench) startSyncerBinary(bin string, args ...string) *proc {
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + b.cp.Kubeconfig, "--auth-source=" + b.ns + "/ray-token",
 		"--leader-elect=false", "--log-level=warn", "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", pp)}, args...)...)
 	cmd.Stderr = os.Stderr
+	if b.profile != "" {
+		cmd.Env = append(os.Environ(), "RAYSYNC_CPUPROFILE="+b.profile)
+	}
 	return startProc(cmd, fmt.Sprintf("http://127.0.0.1:%d/readyz", pp), "")
 }
 
