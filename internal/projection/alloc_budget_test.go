@@ -29,18 +29,19 @@ func (b allocBudget) at(n int) float64 { return b.perCluster*float64(n) + b.cons
 // reconcile 233 (the client certificate was parsed on every pass), an admission 152.
 var (
 	// scrapeBudget: Snapshot, what the metrics collector reads on every scrape, leader or standby
-	// (17 per cluster: 5 are the informer's index and key lookups, 4 the plan's status and memo).
-	scrapeBudget = allocBudget{perCluster: 17.5, constant: 60}
+	// (16 per cluster: 9 are the informer's index and key lookups, the rest the input, the plan's
+	// status and its stale-pod map, the token facts, the copies).
+	scrapeBudget = allocBudget{perCluster: 16.5, constant: 60}
 	// statusBudget: Status, what `syncer status` and the scrape compute.
-	statusBudget = allocBudget{perCluster: 17.5, constant: 60}
+	statusBudget = allocBudget{perCluster: 16.5, constant: 60}
 	// exposeBudget: a gather of the state collector's series from the registry, Snapshot included
-	// (27 per cluster; client_golang's Gather makes ~10 of them, one dto per series).
-	exposeBudget = allocBudget{perCluster: 27.5, constant: 200}
+	// (26 per cluster; client_golang's Gather makes ~10 of them, one dto per series).
+	exposeBudget = allocBudget{perCluster: 26.5, constant: 200}
 )
 
 const (
-	// reconcileBudget: one syncCluster of an in-sync cluster with pod sources (gather, plan, no write): 51.
-	reconcileBudget = 55
+	// reconcileBudget: one syncCluster of an in-sync cluster with pod sources (gather, plan, no write): 50.
+	reconcileBudget = 52
 	// admitBudget: one webhook decision for an autoscaling head (BenchmarkAdmitPod's request): 151.
 	admitBudget = 155
 )

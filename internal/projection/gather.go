@@ -119,10 +119,7 @@ func (g *gatherer) readCopy(in *ClusterInput, src source) {
 		g.markForeign(in, src.name.Name, false)
 		return
 	}
-	if in.Copies == nil {
-		in.Copies = map[string]*corev1.Secret{}
-	}
-	in.Copies[src.name.Name] = c
+	in.setCopy(c)
 }
 
 // markForeign records that the Secret named name in the cluster's namespace, which the data caches
@@ -168,10 +165,7 @@ func (in *ClusterInput) see(s *corev1.Secret) {
 	}
 	for _, src := range podSources {
 		if src.name.Name == s.Name && src.name.Namespace != s.Namespace {
-			if in.Copies == nil {
-				in.Copies = map[string]*corev1.Secret{}
-			}
-			in.Copies[s.Name] = s
+			in.setCopy(s)
 		}
 	}
 }

@@ -143,7 +143,7 @@ func recordedOnCurrent(in *ClusterInput, readers []*corev1.Pod, target *corev1.S
 // recordToken plans the RayCluster's record after this plan's token writes: it follows raysync's mark
 // on the target (a Secret without one leaves it as it is), and only with a ledger to number tokens.
 func (p *ClusterPlan) recordToken(f *tokenFacts) {
-	if f.cfg.Ledger.Name == "" || f.t.IsSource {
+	if !f.ledger || f.t.IsSource {
 		return
 	}
 	s := f.cur

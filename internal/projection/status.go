@@ -98,8 +98,20 @@ func sameTemplateConfig(a, b podtemplate.Config) bool {
 // Snapshot is Status in the shape of the scrape-time collector.
 func (r *Reporter) Snapshot() metrics.Snapshot {
 	sources, clusters := r.Status()
-	snap := metrics.Snapshot{Sources: sources, Targets: make([]metrics.TargetState, 0, 3*len(clusters)),
-		StalePods: make([]metrics.StalePods, 0, 3*len(clusters)), Rotations: make([]metrics.RotationState, 0, len(clusters)), Now: r.now()}
+	var targets, stale, rotations int // sized exactly: at 1,000 clusters these lists are most of a scrape's bytes
+	for _, st := range clusters {
+		for _, s := range [...]string{st.Token, st.PullSecret, st.AutoscalerTLS} {
+			if s != "" {
+				targets++
+			}
+		}
+		stale += len(st.StalePods)
+		if st.Rotation != nil {
+			rotations++
+		}
+	}
+	snap := metrics.Snapshot{Sources: sources, Targets: make([]metrics.TargetState, 0, targets),
+		StalePods: make([]metrics.StalePods, 0, stale), Rotations: make([]metrics.RotationState, 0, rotations), Now: r.now()}
 	for _, st := range clusters {
 		for _, t := range []struct {
 			kind  names.Kind
