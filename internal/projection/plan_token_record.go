@@ -142,6 +142,10 @@ func recordedOnCurrent(in *ClusterInput, readers []*corev1.Pod, target *corev1.S
 
 // recordToken plans the RayCluster's record after this plan's token writes: it follows raysync's mark
 // on the target (a Secret without one leaves it as it is), and only with a ledger to number tokens.
+// A write that delivers the canonical token is recorded on the next pass, which the write's own watch
+// event brings: a rotation then writes every target before any RayCluster's record, instead of making
+// each target wait behind the record patches of the clusters before it (issue 28: the patches doubled
+// a 1,000-target fan-out's writes on its critical path).
 func (p *ClusterPlan) recordToken(f *tokenFacts) {
 	if !f.ledger || f.t.IsSource {
 		return
@@ -150,8 +154,14 @@ func (p *ClusterPlan) recordToken(f *tokenFacts) {
 	for _, a := range p.Actions {
 		switch a := a.(type) {
 		case CreateSecret:
+			if a.Propagates {
+				return
+			}
 			s = a.Secret
 		case UpdateSecret:
+			if a.Propagates {
+				return
+			}
 			s = a.Secret
 		}
 	}
