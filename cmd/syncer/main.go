@@ -72,12 +72,19 @@ func main() {
 	}
 	defer func() { _ = log.Sync() }()
 	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
+	stopProfile, err := startCPUProfile(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "syncer:", err)
+		os.Exit(2)
+	}
+	defer stopProfile()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("exiting", zap.Error(err))
 		_ = log.Sync()
+		stopProfile()
 		os.Exit(1)
 	}
 }
