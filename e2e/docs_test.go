@@ -195,7 +195,7 @@ func (d *docsShell) startDeployments(ns string) {
 
 // deploymentArgs are the raysync container's arguments as the test runs them (servers the test binds
 // on loopback dropped, the webhook on a free loopback port), and as `syncer` commands inherit them
-// inside the pod (cmd/syncer's withRunningFlags drops the same flags).
+// inside the pod (cmd/syncer/app's runningFlags drops the same flags).
 func deploymentArgs(dep *appsv1.Deployment) (run, inPod []string) {
 	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
 		switch {

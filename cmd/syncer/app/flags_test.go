@@ -1,6 +1,8 @@
-package main
+package app
 
 import (
+	"bytes"
+	"io"
 	"strings"
 	"testing"
 
@@ -70,8 +72,8 @@ func TestParseFlags(t *testing.T) {
 		"zero workers":                    {args: append(base, "--workers=0"), wantErr: "--workers"},
 		"bad log format":                  {args: append(base, "--log-format=xml"), wantErr: "--log-format"},
 		"bad log level":                   {args: append(base, "--log-level=loud"), wantErr: "--log-level"},
-		"unknown flag":                    {args: append(base, "--frobnicate"), wantErr: "flag provided but not defined"},
-		"not a number":                    {args: append(base, "--workers=many"), wantErr: "invalid value"},
+		"unknown flag":                    {args: append(base, "--frobnicate"), wantErr: "unknown flag: --frobnicate"},
+		"not a number":                    {args: append(base, "--workers=many"), wantErr: `invalid argument "many" for "--workers" flag`},
 		"pod features": {args: append(base, "--pull-secret=p/regcred", "--pull-secret=p/other", "--autoscaler-tls-secret=p/tls",
 			"--autoscaler-api-server=https://proxy:6443", "--recycle-pending-pods=false", "--prune=false"), check: func(t *testing.T, c *config) {
 			if len(c.pullSecrets) != 2 || c.autoscalerTLS == nil || c.apiServer == nil || c.apiServer.Port != 6443 || c.recyclePending || c.prune ||
@@ -147,14 +149,25 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-// FuzzParseFlags: no input panics, and every error is one line.
+// FuzzParseFlags: no command line panics or runs anything, and every error is one line on stderr
+// with exit 2 (through Main, as the binary runs; each command's validated configuration is caught
+// instead of run). The first argument may name a command.
 func FuzzParseFlags(f *testing.F) {
 	f.Add("--auth-source=a/b", "--namespaces=x,y", "--cluster-selector=a=b")
 	f.Add("--auth-source=/", "--all-namespaces", "--workers=-3")
+	f.Add("status", "--auth-source=a/b", "-o=json")
+	f.Add("rotate", "x/y", "--all")
 	f.Fuzz(func(t *testing.T, a, b, c string) {
-		_, err := parseFlags([]string{a, b, c, "--leader-elect=false"}, func(string) string { return "" })
-		if err != nil && strings.Contains(err.Error(), "\n") {
-			t.Fatalf("multi-line error: %q", err)
+		var stderr bytes.Buffer
+		x := &cli{getenv: func(string) string { return "" }, stdout: io.Discard, stderr: &stderr, parsed: func(string, any, []string) {}}
+		root := x.command()
+		root.SetArgs([]string{a, b, c, "--leader-elect=false"})
+		cmd, err := root.ExecuteC()
+		if code := x.exit(cmd, err); code != 0 && (code != 2 || strings.Count(stderr.String(), "\n") != 1) {
+			t.Fatalf("exit %d, stderr %q", code, stderr.String())
+		}
+		if err != nil && !strings.HasPrefix(stderr.String(), "syncer") {
+			t.Fatalf("error not named after its command: %q", stderr.String())
 		}
 	})
 }

@@ -1,12 +1,13 @@
-package main
+package app
 
 import (
-	"flag"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
@@ -182,30 +183,34 @@ func TestRotateResolvesWhatUsersName(t *testing.T) {
 	}
 }
 
-// TestREADMEDocumentsEveryFlag: the CLI reference (docs/reference/cli.md, until it is generated from
-// the flag sets) names every flag each command takes, so a flag added here without a line there fails.
+// TestREADMEDocumentsEveryFlag: the CLI reference (docs/reference/cli.md, generated from the command
+// tree by tools/docgen) names every command and every flag each command takes.
 func TestREADMEDocumentsEveryFlag(t *testing.T) {
-	b, err := os.ReadFile("../../docs/reference/cli.md")
+	b, err := os.ReadFile("../../../docs/reference/cli.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
-	for _, cmd := range []string{"", statusCommand, rotateCommand, uninstallCommand} {
-		flagSet(cmd, &config{}, &rawFlags{}, func(string) string { return "" }).VisitAll(func(f *flag.Flag) {
-			dashes := "--"
-			if len(f.Name) == 1 {
-				dashes = "-"
+	var visit func(cmd *cobra.Command)
+	visit = func(cmd *cobra.Command) {
+		if !strings.Contains(readme, "## "+cmd.CommandPath()+"\n") {
+			t.Errorf("the reference has no section for %s", cmd.CommandPath())
+		}
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if !strings.Contains(readme, "`--"+f.Name) {
+				t.Errorf("%s: the reference does not mention --%s", cmd.CommandPath(), f.Name)
 			}
-			if !strings.Contains(readme, "`"+dashes+f.Name) && !strings.Contains(readme, dashes+f.Name+" ") {
-				t.Errorf("syncer %s: the README does not mention %s%s", cmd, dashes, f.Name)
+			if f.Shorthand != "" && !strings.Contains(readme, "`-"+f.Shorthand+"`") {
+				t.Errorf("%s: the reference does not mention -%s", cmd.CommandPath(), f.Shorthand)
 			}
 		})
-	}
-	gatewayFlagSet(&gatewayConfig{}, new(string), new(string), func(string) string { return "" }).VisitAll(func(f *flag.Flag) {
-		if !strings.Contains(readme, "`--"+f.Name) {
-			t.Errorf("syncer gateway: the README does not mention --%s", f.Name)
+		for _, sub := range cmd.Commands() {
+			if sub.IsAvailableCommand() {
+				visit(sub)
+			}
 		}
-	})
+	}
+	visit(Command(func(string) string { return "" }))
 }
 
 func TestGatewayFlags(t *testing.T) {
