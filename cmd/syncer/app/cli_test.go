@@ -232,3 +232,27 @@ func TestGatewayFlags(t *testing.T) {
 		t.Error("no table Secret and no $POD_NAMESPACE accepted")
 	}
 }
+
+// In raysync's container a one-shot command inherits the running controller's flags that it takes
+// (in either form, --flag=value or --flag value), and none of the controller's own.
+func TestInheritedFlags(t *testing.T) {
+	argv := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--name=rel-raysync", "--workers=16", "--log-format=json",
+		"--leader-elect=true", "--leader-election-lease-duration=15s", "--dry-run=true", "--webhook-addr=:9443",
+		"--webhook-cert-secret=raysync/rel-raysync-webhook-tls", "--prune=true", "-n", "raysync", "--kubeconfig", "/k", "--leader-elect",
+		"--drain-delay", "5s", "--rotation-timeout=30m"}
+	common := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--name=rel-raysync", "-n", "raysync", "--kubeconfig", "/k", "--rotation-timeout=30m"}
+	for cmd, want := range map[string][]string{
+		statusCommand:    common,
+		rotateCommand:    common,
+		revokeCommand:    common,
+		uninstallCommand: {"--auth-source=raysync/ray-token", "--namespaces=ml", "--name=rel-raysync", "--leader-election-lease-duration=15s", "--webhook-cert-secret=raysync/rel-raysync-webhook-tls", "-n", "raysync", "--kubeconfig", "/k", "--rotation-timeout=30m"},
+	} {
+		got := InheritedFlags(cmd, argv)
+		if !slices.Equal(got, want) {
+			t.Errorf("syncer %s inherits %q, want %q", cmd, got, want)
+		}
+		if _, _, err := parseCommand(cmd, got, func(string) string { return "" }); err != nil {
+			t.Errorf("syncer %s with what it inherits: %v", cmd, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -72,8 +73,12 @@ Invalid flags exit with status 2 and a one-line reason; so do two roles naming o
 pull secret, the client certificate, the ledger, the gateway's table, the webhook certificate, or a pod
 source's copy in a watched namespace: raysync would overwrite one with the other), and a flag given a value
 that would change nothing because what it configures is off (--webhook-dns-names without --webhook-addr,
---gateway-grace without --gateway-table, ...): raysync never accepts and ignores a flag. Flags take
---flag value or --flag=value, before or after a command's arguments ("--" ends them).`
+--gateway-grace without --gateway-table, ...): raysync never accepts and ignores a flag. For the same
+reason the one-shot commands (status, rotate, uninstall, revoke-previous) refuse the controller's own flags
+(its servers, leader election, workers, logs, webhook, --prune): they take those that say what raysync
+manages, where its objects are and how to reach the API, and inside raysync's container they inherit just
+those from the running raysync. Flags take --flag value or --flag=value, before or after a command's
+arguments ("--" ends them).`
 
 const statusLong = `Reports, read-only, whether every in-scope RayCluster is in sync: every cluster's targets, rotation state
 and stale pods, every source's validity and expiry. Exit 0 in sync; 1 not: a target out of sync, not owned
@@ -150,13 +155,19 @@ func (x *cli) command() *cobra.Command {
 	root.SetOut(x.stdout)
 	root.SetErr(x.stderr)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		var unknown *pflag.NotExistError
+		if errors.As(err, &unknown) && cmd != root && root.Flags().Lookup(unknown.GetSpecifiedName()) != nil {
+			return fmt.Errorf("--%s is a flag of the controller that %s does not take: remove it (raysync never accepts and ignores a flag)",
+				unknown.GetSpecifiedName(), cmd.CommandPath())
+		}
 		return fmt.Errorf("%s (%s --help lists the flags)", firstLine(err.Error()), cmd.CommandPath())
 	})
 
 	status := x.syncerCommand(&cobra.Command{
-		Use:   statusCommand,
-		Short: "report, read-only, whether every in-scope RayCluster is in sync (exit 0 yes, 1 no, 2 error)",
-		Long:  statusLong,
+		Use:         statusCommand,
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "report, read-only, whether every in-scope RayCluster is in sync (exit 0 yes, 1 no, 2 error)",
+		Long:        statusLong,
 		Example: `  kubectl -n raysync exec deploy/raysync -- /syncer status
   syncer status -o json --auth-source=raysync/ray-token --namespaces=ml-team,ml-batch -n raysync`,
 	}, statusCommand, func(fs *pflag.FlagSet, c *config) {
@@ -165,9 +176,10 @@ func (x *cli) command() *cobra.Command {
 	_ = status.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 
 	rotate := x.syncerCommand(&cobra.Command{
-		Use:   rotateCommand + " TARGET... | --all",
-		Short: "ask the running raysync to move clusters behind the current token to it now",
-		Long:  rotateLong,
+		Use:         rotateCommand + " TARGET... | --all",
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "ask the running raysync to move clusters behind the current token to it now",
+		Long:        rotateLong,
 		Example: `  kubectl -n raysync exec deploy/raysync -- /syncer rotate ml-team/inference
   kubectl -n raysync exec deploy/raysync -- /syncer rotate --all --dry-run`,
 		Args: cobra.ArbitraryArgs,
@@ -176,19 +188,21 @@ func (x *cli) command() *cobra.Command {
 	}, func(c *config, targets []string) int { return runRotate(c, targets, x.stdout, x.stderr) })
 
 	uninstall := x.syncerCommand(&cobra.Command{
-		Use:     uninstallCommand,
-		Short:   "after helm uninstall: list (with --yes: remove) what raysync leaves behind",
-		Long:    uninstallLong,
-		Example: `  syncer uninstall --auth-source=raysync/ray-token --namespaces=ml-team,ml-batch -n raysync --yes`,
+		Use:         uninstallCommand,
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "after helm uninstall: list (with --yes: remove) what raysync leaves behind",
+		Long:        uninstallLong,
+		Example:     `  syncer uninstall --auth-source=raysync/ray-token --namespaces=ml-team,ml-batch -n raysync --yes`,
 	}, uninstallCommand, func(fs *pflag.FlagSet, c *config) {
 		fs.BoolVar(&c.yes, "yes", false, "do what it lists (without it: only list)")
 	}, func(c *config, _ []string) int { return runUninstall(c, x.stdout, x.stderr) })
 
 	revoke := x.syncerCommand(&cobra.Command{
-		Use:     revokeCommand,
-		Short:   "make the gateway refuse the previous canonical token now, before its grace period ends",
-		Long:    revokeLong,
-		Example: `  kubectl -n raysync exec deploy/raysync -- /syncer revoke-previous --dry-run`,
+		Use:         revokeCommand,
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "make the gateway refuse the previous canonical token now, before its grace period ends",
+		Long:        revokeLong,
+		Example:     `  kubectl -n raysync exec deploy/raysync -- /syncer revoke-previous --dry-run`,
 	}, revokeCommand, nil, func(c *config, _ []string) int { return runRevoke(c, x.stdout, x.stderr) })
 
 	root.AddCommand(status, rotate, uninstall, revoke, x.gatewayCommand(), completionCommand())
@@ -203,7 +217,7 @@ func (x *cli) syncerCommand(cmd *cobra.Command, name string, own func(*pflag.Fla
 	if own != nil {
 		own(fs, c)
 	}
-	addSyncerFlags(fs, c, r, x.getenv)
+	addSyncerFlags(fs, name, c, r, x.getenv)
 	for flag, values := range map[string][]string{
 		"log-format": {"json", "console"}, "log-level": {"debug", "info", "warn", "error"},
 		"rotation-policy-rayservice": policies, "rotation-policy-raycluster": policies, "rotation-policy-rayjob": policies,
@@ -301,27 +315,68 @@ func noArgs(cmd *cobra.Command, args []string) error {
 	return fmt.Errorf("unexpected argument %q", args[0])
 }
 
-// The one-shot commands that, run in raysync's own container, take the running raysync's flags.
-var inheritsRunningFlags = map[string]bool{statusCommand: true, rotateCommand: true, revokeCommand: true}
-
 // withRunningFlags puts, in front of a one-shot command's own arguments, the flags of the raysync
-// running as PID 1 of this container, when there is one (`kubectl exec deploy/raysync -- /syncer
-// status`): the command then sees what the controller sees. The command's own flags come after, and win.
+// running as PID 1 of this container that the command takes, when there is one (`kubectl exec
+// deploy/raysync -- /syncer status`): the command then sees what the controller sees. The command's
+// own flags come after, and win.
 func withRunningFlags(root *cobra.Command, args []string) []string {
 	cmd, rest, err := root.Find(args)
-	if err != nil || cmd.Parent() != root || !inheritsRunningFlags[cmd.Name()] {
+	if err != nil || cmd.Parent() != root || cmd.Annotations[inheritsAnnotation] == "" {
 		return args
 	}
-	inherited := runningFlags()
+	inherited := inheritedFlags(root, cmd, runningArgs())
 	if len(inherited) == 0 {
 		return args
 	}
 	return append(append([]string{cmd.Name()}, inherited...), rest...)
 }
 
-// runningFlags are the arguments of the raysync running as PID 1 of this container (none when PID 1
-// is another program, or this process), without what only the controller serves or does.
-func runningFlags() []string {
+// inheritsAnnotation marks a one-shot command that takes the running raysync's flags in its container.
+const inheritsAnnotation = "raysync.dev/inherits-running-flags"
+
+// InheritedFlags are the flags of a running controller's arguments (argv, without the program) that
+// the one-shot command takes and inherits inside raysync's container: the controller's own (its
+// servers, leader election, workers, logs, webhook) and its --dry-run are left out.
+func InheritedFlags(command string, argv []string) []string {
+	root := Command(func(string) string { return "" })
+	cmd, _, err := root.Find([]string{command})
+	if err != nil || cmd == root {
+		return nil
+	}
+	return inheritedFlags(root, cmd, argv)
+}
+
+func inheritedFlags(root, cmd *cobra.Command, argv []string) []string {
+	var out []string
+	for i := 0; i < len(argv); i++ {
+		a := argv[i]
+		var f *pflag.Flag
+		attached := false
+		switch {
+		case strings.HasPrefix(a, "--"):
+			name, _, eq := strings.Cut(a[2:], "=")
+			f, attached = root.Flags().Lookup(name), eq
+		case strings.HasPrefix(a, "-") && len(a) > 1:
+			f, attached = root.Flags().ShorthandLookup(a[1:2]), len(a) > 2
+		}
+		if f == nil {
+			continue // an argument: the controller takes none
+		}
+		token := []string{a}
+		if !attached && f.NoOptDefVal == "" && i+1 < len(argv) {
+			i++
+			token = append(token, argv[i])
+		}
+		if f.Name != "dry-run" && cmd.Flags().Lookup(f.Name) != nil {
+			out = append(out, token...)
+		}
+	}
+	return out
+}
+
+// runningArgs are the arguments of the raysync running as PID 1 of this container (none when PID 1 is
+// another program, or this process).
+func runningArgs() []string {
 	self, err := os.Executable()
 	if err != nil || os.Getpid() == 1 {
 		return nil
@@ -339,13 +394,5 @@ func runningFlags() []string {
 	if err1 != nil || err2 != nil || !os.SameFile(st1, st2) {
 		return nil
 	}
-	var inherited []string
-	for _, a := range argv[1:] {
-		if strings.HasPrefix(a, "--leader-elect") || strings.HasPrefix(a, "--metrics-bind-address") || strings.HasPrefix(a, "--health-probe-bind-address") ||
-			strings.HasPrefix(a, "--webhook-") || strings.HasPrefix(a, "--dry-run") {
-			continue // what only the controller serves or does
-		}
-		inherited = append(inherited, a)
-	}
-	return inherited
+	return argv[1:]
 }

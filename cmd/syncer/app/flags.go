@@ -109,8 +109,50 @@ const (
 	uninstallCommand = "uninstall"
 )
 
-// addSyncerFlags defines the syncer's flags (the controller's, which the one-shot commands share) on fs.
-func addSyncerFlags(fs *pflag.FlagSet, c *config, r *rawFlags, getenv func(string) string) {
+// controllerOnly are the controller's flags that configure only what the controller serves or does:
+// its servers, leader election, workers, logs, the webhook, pruning. A one-shot command does not take
+// them (they would change nothing, and raysync never accepts and ignores a flag), but for those
+// listed with the flag.
+var controllerOnly = map[string][]string{
+	"leader-elect":                   nil,
+	"leader-election-lease-duration": {uninstallCommand}, // a Lease not renewed for twice that: raysync stopped
+	"leader-election-renew-deadline": nil,
+	"leader-election-retry-period":   nil,
+	"metrics-bind-address":           nil,
+	"health-probe-bind-address":      nil,
+	"drain-delay":                    nil,
+	"workers":                        nil,
+	"log-format":                     nil,
+	"log-level":                      nil,
+	"prune":                          nil,
+	"webhook-addr":                   nil,
+	"webhook-cert-dir":               nil,
+	"webhook-cert-secret":            {uninstallCommand}, // the certificate Secret it deletes
+	"webhook-configuration":          nil,
+	"webhook-dns-names":              nil,
+	"webhook-ips":                    nil,
+	"webhook-cert-validity":          nil,
+	"dry-run":                        {rotateCommand, revokeCommand, uninstallCommand}, // status writes nothing anyway
+}
+
+// takes says whether command ("" the controller) takes the syncer's flag.
+func takes(command, flag string) bool {
+	only, ok := controllerOnly[flag]
+	return command == "" || !ok || slices.Contains(only, command)
+}
+
+// addSyncerFlags defines on fs the syncer's flags that command ("" the controller) takes.
+func addSyncerFlags(fs *pflag.FlagSet, command string, c *config, r *rawFlags, getenv func(string) string) {
+	all := pflag.NewFlagSet("syncer", pflag.ContinueOnError)
+	defineSyncerFlags(all, c, r, getenv)
+	all.VisitAll(func(f *pflag.Flag) {
+		if takes(command, f.Name) {
+			fs.AddFlag(f)
+		}
+	})
+}
+
+func defineSyncerFlags(fs *pflag.FlagSet, c *config, r *rawFlags, getenv func(string) string) {
 	fs.StringVar(&c.name, "name", "raysync", "this install's name: its Lease, rotation ledger (<name>-rotations), webhook certificate Secret (<name>-webhook-tls) and webhook configuration; installs side by side in one namespace need different names (the chart passes its name value, by default its fullname)")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
 	fs.StringVar(&r.authSource, "auth-source", "", "canonical token Secret, NAMESPACE/NAME (required)")
@@ -162,8 +204,7 @@ func addSyncerFlags(fs *pflag.FlagSet, c *config, r *rawFlags, getenv func(strin
 
 // noIneffectiveFlags refuses a flag of the controller given a value (other than its default) that
 // would change nothing, because what it configures is off: raysync never accepts and ignores a flag.
-// (The one-shot commands take the controller's flags as they are, so that its command line gives the
-// same answer: there the controller's own settings are accepted and say nothing about the command.)
+// (The one-shot commands do not take the controller's own flags at all: controllerOnly.)
 func (c *config) noIneffectiveFlags(fs *pflag.FlagSet) error {
 	webhookOff := c.webhook.addr == ""
 	certManager := c.webhook.certDir != ""
@@ -416,6 +457,11 @@ func (w *webhookConfig) parse(r *rawFlags, c *config) error {
 		w.configuration = ""
 	}
 	if w.addr == "" {
+		if c.oneShot && r.webhookCertSecret != "" { // uninstall: where the certificate Secret it deletes is
+			var err error
+			w.certSecret, err = parseNamespacedName("--webhook-cert-secret", r.webhookCertSecret)
+			return err
+		}
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(w.addr); err != nil {

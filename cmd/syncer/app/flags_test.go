@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -122,11 +123,6 @@ func TestParseFlags(t *testing.T) {
 		"a burst without a rate":               {args: append(base, "--kube-api-burst=10"), wantErr: "--kube-api-burst=10 has no effect without --kube-api-qps"},
 		"defaults given explicitly change nothing: accepted": {args: append(base, "--recycle-pending-pods=true", "--allow-recreate=false", "--kube-api-burst=0",
 			"--autoscaler-tls-mount-path=/etc/raysync/autoscaler-tls", "--leader-election-retry-period=2s", "--gateway-grace=24h"), check: func(t *testing.T, c *config) {}},
-		"the one-shot commands take the controller's flags as they are": {args: base, check: func(t *testing.T, c *config) {
-			if _, _, err := parseCommand(statusCommand, append(base, "--leader-election-lease-duration=30s", "--webhook-dns-names=a.b"), func(string) string { return "" }); err != nil {
-				t.Error(err)
-			}
-		}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -170,4 +166,47 @@ func FuzzParseFlags(f *testing.F) {
 			t.Fatalf("error not named after its command: %q", stderr.String())
 		}
 	})
+}
+
+// A one-shot command refuses a flag that configures only the controller (its servers, leader election,
+// workers, logs, webhook, pruning): it would change nothing, and raysync never accepts and ignores a
+// flag. The flags that say what raysync manages, where its objects are and how to reach the API are
+// taken; uninstall also takes the Lease duration (a Lease not renewed for twice that: raysync stopped)
+// and the webhook certificate Secret (which it deletes).
+func TestOneShotCommandsRefuseControllerOnlyFlags(t *testing.T) {
+	scope := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "-n", "raysync"}
+	env := func(string) string { return "" }
+	refused := []string{"--workers=4", "--leader-elect=true", "--leader-election-renew-deadline=5s", "--leader-election-retry-period=1s",
+		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091", "--drain-delay=5s", "--log-format=console", "--log-level=debug",
+		"--prune=false", "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-configuration=x", "--webhook-dns-names=a.b",
+		"--webhook-ips=127.0.0.1", "--webhook-cert-validity=48h"}
+	for _, cmd := range []string{statusCommand, rotateCommand, uninstallCommand, revokeCommand} {
+		for _, flag := range refused {
+			if _, _, err := parseCommand(cmd, append(scope, flag), env); err == nil || !strings.Contains(err.Error(), "is a flag of the controller that syncer "+cmd+" does not take") {
+				t.Errorf("syncer %s %s: %v, want it refused", cmd, flag, err)
+			}
+		}
+		for _, flag := range []string{"--kubeconfig=/k", "--name=tenant-a", "--cluster-selector=a=b", "--pull-secret=p/regcred", "--rotation-policy-raycluster=restart",
+			"--rotation-timeout=1h", "--max-concurrent-rotations=2", "--kube-api-qps=5", "--gateway-table=raysync/gw", "--precreate-auth-secrets=false"} {
+			if _, _, err := parseCommand(cmd, append(scope, flag), env); err != nil {
+				t.Errorf("syncer %s %s: %v", cmd, flag, err)
+			}
+		}
+	}
+	for cmd, flags := range map[string][]string{
+		statusCommand:    {"--dry-run", "--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/cert"},
+		rotateCommand:    {"--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/cert"},
+		revokeCommand:    {"--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/cert"},
+		uninstallCommand: {},
+	} {
+		for _, flag := range flags {
+			if _, _, err := parseCommand(cmd, append(scope, flag), env); err == nil {
+				t.Errorf("syncer %s accepted %s", cmd, flag)
+			}
+		}
+	}
+	c, _, err := parseCommand(uninstallCommand, append(scope, "--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/rel-raysync-webhook-tls", "--dry-run"), env)
+	if err != nil || c.leaseDuration != 30*time.Second || c.webhook.certSecret != (types.NamespacedName{Namespace: "raysync", Name: "rel-raysync-webhook-tls"}) || !c.dryRun {
+		t.Errorf("uninstall: %v; lease %s, certificate %v", err, c.leaseDuration, c.webhook.certSecret)
+	}
 }

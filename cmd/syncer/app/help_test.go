@@ -40,7 +40,7 @@ func TestErrorsAreOneLine(t *testing.T) {
 		"status --all-namespaces":                        "syncer status: --auth-source is required (NAMESPACE/NAME)",
 		"stauts":                                         `syncer: unexpected argument "stauts" (the command "status"?)`,
 		"rotate --output=json":                           "syncer rotate: unknown flag: --output (syncer rotate --help lists the flags)",
-		"gateway --auth-source=a/b":                      "syncer gateway: unknown flag: --auth-source",
+		"gateway --auth-source=a/b":                      "syncer gateway: --auth-source is a flag of the controller that syncer gateway does not take",
 		"completion fish":                                `syncer completion: invalid argument "fish" for "syncer completion"`,
 		"--workers=a\nb --auth-source=a/b --all-namespaces --leader-elect=false": `syncer: invalid argument "a\nb" for "--workers" flag`,
 	} {
