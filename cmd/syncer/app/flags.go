@@ -101,7 +101,7 @@ type rawFlags struct {
 	gatewayTable                     string
 }
 
-// Subcommands: every one takes the same flags (those that say what raysync manages matter to all),
+// The one-shot commands: each takes the syncer's flags that matter to it (all but controllerOnly's),
 // plus its own.
 const (
 	statusCommand    = "status"
