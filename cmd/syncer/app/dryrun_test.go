@@ -308,3 +308,31 @@ func TestOnlyTheControllerWatchesTheTable(t *testing.T) {
 		}
 	}
 }
+
+// TestUninstallWhileRaysyncRuns: the uninstall guide's step 1 (a dry run before helm uninstall) lists
+// what uninstall would do and exits 1; --yes refuses and changes nothing. Before, both only said
+// "raysync is running", so step 1 showed nothing.
+func TestUninstallWhileRaysyncRuns(t *testing.T) {
+	for _, extra := range [][]string{nil, {"--dry-run"}, {"--yes"}} {
+		kube, dyn := uninstallFixture()
+		lease, err := kube.CoordinationV1().Leases("raysync").Get(context.Background(), "raysync", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+		if _, err := kube.CoordinationV1().Leases("raysync").Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		kube.ClearActions()
+		var out bytes.Buffer
+		left, err := uninstallWith(context.Background(), commandConfig(t, uninstallCommand, extra...), kube, dyn, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := strings.Contains(out.String(), "would delete Secret raysync/raysync-rotations")
+		wantListed := len(extra) == 0 || extra[0] != "--yes"
+		if w := writesOf(kube, dyn); len(w) != 0 || left == 0 || !strings.Contains(out.String(), "raysync is running") || listed != wantListed {
+			t.Errorf("uninstall %v while raysync runs: left %d, writes %v, listed %v (want %v)\n%s", extra, left, w, listed, wantListed, out.String())
+		}
+	}
+}

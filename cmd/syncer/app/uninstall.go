@@ -78,11 +78,18 @@ func uninstallWith(ctx context.Context, cfg *config, kube kubernetes.Interface, 
 	if ns == "" {
 		ns = cfg.authSource.Namespace
 	}
+	act := cfg.yes && !cfg.dryRun
+	running := false
 	if lease, err := kube.CoordinationV1().Leases(ns).Get(ctx, cfg.name, metav1.GetOptions{}); err == nil && lease.Spec.RenewTime != nil &&
 		time.Since(lease.Spec.RenewTime.Time) < 2*cfg.leaseDuration {
 		fmt.Fprintf(stdout, "raysync is running (Lease %s/%s renewed %s ago): stop it first (helm uninstall, or scale it to 0), then run this again\n",
 			ns, cfg.name, time.Since(lease.Spec.RenewTime.Time).Round(time.Second))
-		return 1, nil
+		if act {
+			return 1, nil
+		}
+		// A dry run still says what uninstall would do once raysync is stopped (the guide's step 1
+		// runs before helm uninstall); it exits 1, as nothing can be done yet.
+		running = true
 	}
 	var steps []uninstallStep
 	var kept []string
@@ -99,7 +106,6 @@ func uninstallWith(ctx context.Context, cfg *config, kube kubernetes.Interface, 
 	}
 	own, ownKept := ownSteps(ctx, kube, cfg, ns)
 	steps, kept = append(steps, own...), append(kept, ownKept...)
-	act := cfg.yes && !cfg.dryRun
 	verb := "would "
 	if act {
 		verb = ""
@@ -123,6 +129,9 @@ func uninstallWith(ctx context.Context, cfg *config, kube kubernetes.Interface, 
 		fmt.Fprintln(stdout, "(dry run: nothing changed; run again with --yes and without --dry-run to do it)")
 	case !act && len(steps) > 0:
 		fmt.Fprintln(stdout, "(dry run: run again with --yes to do it)")
+	}
+	if running {
+		return max(len(kept), 1), nil
 	}
 	return len(kept), nil
 }
