@@ -27,6 +27,15 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// The harness's addresses all sit in 198.18.0.0/15 (RFC 2544's benchmarking range, which no real
+// network routes), never in the private ranges a developer's own network may use: Services in the upper
+// half of 198.18.0.0/16, the stand-in's pods in 198.19.0.0/16.
+const (
+	ServiceCIDR = "198.18.128.0/17"
+	// KubernetesServiceIP is the ClusterIP of the `kubernetes` Service, the first of ServiceCIDR.
+	KubernetesServiceIP = "198.18.128.1"
+)
+
 // Options choose what Start runs.
 type Options struct {
 	// KubeRayVersion is the operator release to run: v1.5.1 or v1.6.1.
@@ -147,7 +156,7 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		"--tls-cert-file=" + pk.servingCert, "--tls-private-key-file=" + pk.servingKey, "--client-ca-file=" + pk.caCert,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + pk.saPub, "--service-account-signing-key-file=" + pk.saKey,
-		"--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--allow-privileged=true",
+		"--service-cluster-ip-range=" + ServiceCIDR, "--authorization-mode=RBAC", "--allow-privileged=true",
 	}
 	if err := start("kube-apiserver", bins.APIServer, nil, append(apiArgs, o.ExtraAPIServerArgs...)...); err != nil {
 		return cp, err

@@ -56,7 +56,7 @@ func newPKI(dir string) (*pki, error) {
 	}
 	if p.servingCert, p.servingKey, err = p.issue("apiserver", "kube-apiserver", nil, true,
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}); err != nil {
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(KubernetesServiceIP)}); err != nil {
 		return nil, err
 	}
 	if p.adminCert, p.adminKey, err = p.issue("admin", "raysync-e2e-admin", []string{"system:masters"}, false, nil, nil); err != nil {
