@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
+NODE ?= standin
 
 .PHONY: build image test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean docs docs-gen
 FUZZTIME ?= 60s
@@ -39,8 +40,8 @@ bench: ## new-cluster race (pods starting 0/100 ms/1 s after creation), rotation
 soak: ## long e2e variants (1,000 clusters created in a burst while rotating)
 	RAYSYNC_SOAK=1 $(GO) test -count=1 -timeout 60m -v -run 'TestSoak' ./e2e/...
 
-dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + the kubelet and Ray stand-in + KubeRay; kubeconfig in .dev/kubeconfig
-	$(GO) run ./e2e/cmd/devcluster up -kuberay $(KUBERAY_VERSION)
+dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + the kubelet and Ray stand-in (NODE=real: a real node, see docs/contributing/real-node.md) + KubeRay; kubeconfig in .dev/kubeconfig
+	$(GO) run ./e2e/cmd/devcluster up -kuberay $(KUBERAY_VERSION) -node $(NODE)
 
 dev-cluster-down: ## stop the dev cluster
 	$(GO) run ./e2e/cmd/devcluster down

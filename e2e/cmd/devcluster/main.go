@@ -2,7 +2,7 @@
 // and `E2E_KUBECONFIG=.dev/kubeconfig make e2e`: etcd, kube-apiserver, kube-controller-manager, the
 // kubelet and Ray stand-in and the stock KubeRay operator on loopback, left running in the background.
 //
-//	go run ./e2e/cmd/devcluster up [-kuberay v1.6.1] [-dir .dev]
+//	go run ./e2e/cmd/devcluster up [-kuberay v1.6.1] [-dir .dev] [-node standin|real]
 //	go run ./e2e/cmd/devcluster down [-dir .dev]
 package main
 
@@ -26,6 +26,7 @@ func main() {
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	version := fs.String("kuberay", envOr("KUBERAY_VERSION", "v1.6.1"), "KubeRay operator version (v1.5.1 or v1.6.1)")
 	dir := fs.String("dir", ".dev", "state directory (PKI, data, logs, pids, kubeconfig)")
+	node := fs.String("node", envOr("NODE", "standin"), "standin: the kubelet and Ray stand-in (hundreds of pods on 2 cores); real: a real node (kubelet, containerd, kube-proxy; needs root)")
 	realRay := fs.Bool("real-ray", !framework.RealRayDisabled(), "install Ray "+framework.RayVersion+" and run real Ray in namespaces annotated "+framework.StandInRay+"=real")
 	_ = fs.Parse(os.Args[2:])
 	abs, err := filepath.Abs(*dir)
@@ -59,8 +60,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	if *node != "standin" && *node != "real" {
+		fail(fmt.Errorf("-node %q: standin or real", *node))
+	}
 	var venv string
-	if *realRay {
+	if *realRay && *node == "standin" {
 		if venv, err = framework.EnsureRay(ctx, logf); err != nil {
 			fail(err)
 		}
@@ -69,6 +73,7 @@ func main() {
 		KubeRayVersion: *version,
 		Dir:            abs,
 		Detached:       true,
+		RealNode:       *node == "real",
 		StandIn:        framework.StandInOptions{RayVenv: venv},
 		Logf:           logf,
 	})
@@ -84,6 +89,21 @@ func main() {
 		fail(err)
 	}
 	rel, _ := filepath.Rel(must(os.Getwd()), kubeconfig)
+	if *node == "real" {
+		info, err := cp.WriteNodeInfo(ctx, filepath.Join(abs, "node.json"))
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf(`
+Dev cluster is up: real kube-apiserver %s, KubeRay operator %s, and a real node %s (kubelet %s, %s)
+at %s in network, mount and PID namespaces of its own; pods get addresses in %s, Services %s.
+  export KUBECONFIG=%s
+  kubectl get nodes -o wide
+Node facts: %s    Logs: %s/*.log, %s/node/*.log    Stop it: make dev-cluster-down
+`, framework.KubernetesVersion, *version, info.Name, info.KubeletVersion, info.ContainerRuntime, info.IP, framework.PodCIDR,
+			framework.ServiceCIDR, rel, filepath.Join(abs, "node.json"), abs, abs)
+		return
+	}
 	fmt.Printf(`
 Dev cluster is up: real kube-apiserver %s, KubeRay operator %s, and a kubelet and Ray stand-in:
 Ray pods start (bound to Node "standin", pod IPs 198.19.x.y that are data only) with emulated Ray inside.
