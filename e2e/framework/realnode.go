@@ -750,15 +750,36 @@ type NodeInfo struct {
 	Dir string `json:"dir"`
 }
 
-// WriteNodeInfo writes the real node's description as JSON to path and returns it.
+// WriteNodeInfo pushes the private image (the tiny image until a Ray image is built), creates the
+// pull secret platform-secrets/regcred for it, and writes the real node's description as JSON to path.
 func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string) (*NodeInfo, error) {
 	n, err := c.Kube.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
+	cache, err := CacheDir()
+	if err != nil {
+		return nil, err
+	}
+	private, err := c.PushImage(ctx, filepath.Join(cache, "bin", "realnode-tiny.tar"), "private/tiny:1")
+	if err != nil {
+		return nil, err
+	}
+	const ns, name = "platform-secrets", "regcred"
+	if _, err := c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, err
+	}
+	secret, err := c.RegistryPullSecret(ns, name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Kube.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, err
+	}
 	info := &NodeInfo{Name: NodeName, IP: NodeIP, PodCIDR: PodCIDR, ServiceCIDR: ServiceCIDR,
 		KubeletVersion: n.Status.NodeInfo.KubeletVersion, ContainerRuntime: n.Status.NodeInfo.ContainerRuntimeVersion,
 		TinyImage: TinyImage, Dir: filepath.Join(c.Dir, nodeSubdir),
-		Registry: RegistryHost, RegistryPush: registryAddr, RegistryCA: filepath.Join(c.Dir, "ca.crt")}
+		Registry: RegistryHost, RegistryPush: registryAddr, RegistryCA: filepath.Join(c.Dir, "ca.crt"),
+		PrivateImage: private, PullSecret: ns + "/" + name}
 	return info, writeJSON(path, info)
 }
