@@ -783,3 +783,81 @@ func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string) (*NodeInf
 		PrivateImage: private, PullSecret: ns + "/" + name}
 	return info, writeJSON(path, info)
 }
+
+// Kubectl builds kubectl v1.37.2 (e2e/tools/kube) into the cache unless it is there.
+func Kubectl(ctx context.Context, logf func(string, ...any)) (string, error) {
+	kube := fmt.Sprintf(" -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
+		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
+	return ensureTool(ctx, "kubectl-"+KubernetesVersion, "e2e/tools/kube", "k8s.io/kubernetes/cmd/kubectl", kube, logf)
+}
+
+// PushRaysyncImage builds raysync's image as the Dockerfile's final stage describes it — the static
+// /syncer, user 65532:65532, entrypoint /syncer — on an empty base instead of distroless (which
+// cannot be fetched here; raysync needs none of its files: no shell, no CA bundle, it trusts the
+// ServiceAccount's CA) and pushes it to the node's registry as raysync:tag. Returns the node's reference.
+func (c *ControlPlane) PushRaysyncImage(ctx context.Context, tag string, logf func(string, ...any)) (string, error) {
+	bin, err := BuildSyncer("syncer-image")
+	if err != nil {
+		return "", err
+	}
+	tool, err := EnsureTool(ctx, ImageToolName, "e2e/tools/image", ".", logf)
+	if err != nil {
+		return "", err
+	}
+	tar := filepath.Join(c.Dir, "raysync-image.tar")
+	if out, err := exec.CommandContext(ctx, tool, "build", "-binary", bin, "-out", tar).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("image build: %v\n%s", err, out)
+	}
+	return c.PushImage(ctx, tar, "raysync:"+tag)
+}
+
+// Helm runs helm with its configuration, cache and registry logins inside the control plane's
+// directory (never the user's home).
+func (c *ControlPlane) Helm(ctx context.Context, logf func(string, ...any), args ...string) (string, error) {
+	return c.helm(ctx, logf, "", args...)
+}
+
+func (c *ControlPlane) helm(ctx context.Context, logf func(string, ...any), stdin string, args ...string) (string, error) {
+	helm, err := EnsureHelm(ctx, logf)
+	if err != nil {
+		return "", err
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	home := filepath.Join(c.Dir, "helm")
+	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data",
+		"HELM_REGISTRY_CONFIG="+home+"/registry.json", "KUBECONFIG="+c.Kubeconfig)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("helm %s: %w\n%s", args[0], err, out)
+	}
+	return string(out), nil
+}
+
+// RegistryChartRepo is where charts go in the node's registry (as the host reaches it).
+const RegistryChartRepo = "oci://" + registryAddr + "/charts"
+
+// PushChart packages deploy/helm/raysync at version and pushes it to the node's registry
+// (helm push, OCI); `helm install raysync oci://198.18.0.2:5000/charts/raysync --version <version>`.
+func (c *ControlPlane) PushChart(ctx context.Context, version string, logf func(string, ...any)) error {
+	dir := filepath.Join(c.Dir, "charts")
+	if _, err := c.Helm(ctx, logf, "package", "deploy/helm/raysync", "--version", version, "--app-version", version, "-d", dir); err != nil {
+		return err
+	}
+	auth, err := os.ReadFile(filepath.Join(c.Dir, nodeSubdir, "registry/auth"))
+	if err != nil {
+		return err
+	}
+	user, pw, _ := strings.Cut(string(auth), ":")
+	ca := filepath.Join(c.Dir, "ca.crt")
+	if _, err := c.helm(ctx, logf, pw, "registry", "login", registryAddr, "--username", user, "--password-stdin", "--ca-file", ca); err != nil {
+		return err
+	}
+	_, err = c.Helm(ctx, logf, "push", filepath.Join(dir, "raysync-"+version+".tgz"), RegistryChartRepo, "--ca-file", ca)
+	return err
+}

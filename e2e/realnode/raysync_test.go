@@ -1,0 +1,138 @@
+package realnode
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+// TestRealNodeRaysyncFromRegistry installs raysync as users install it: its image built and pushed to
+// the node's private registry, its chart packaged and pushed as OCI, `helm install oci://…`. Both
+// replicas pull the image with a pull secret, pass the chart's probes with a read-only root as a
+// non-root user, talk to the API server in-cluster through the kubernetes Service (kube-proxy), elect
+// one leader, and `kubectl -n raysync exec deploy/raysync -- /syncer status` answers.
+func TestRealNodeRaysyncFromRegistry(t *testing.T) {
+	cp := startNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const version = "0.2.0-realnode"
+	t0 := time.Now()
+	image, err := cp.PushRaysyncImage(ctx, version, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.PushChart(ctx, version, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("image %s and chart %s/raysync:%s pushed in %s", image, framework.RegistryChartRepo, version, time.Since(t0).Round(time.Millisecond))
+
+	ns := "raysync"
+	if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitServiceAccount(ctx, t, cp.Kube, ns)
+	secret, err := cp.RegistryPullSecret(ns, "regcred")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
+		StringData: map[string]string{"auth_token": "realnode-e2e-token-value"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repo, _, _ := strings.Cut(image, ":"+version)
+	t1 := time.Now()
+	if out, err := cp.Helm(ctx, t.Logf, "install", "raysync", framework.RegistryChartRepo+"/raysync", "--version", version,
+		"--namespace", ns, "--ca-file", cp.Dir+"/ca.crt",
+		"--set", "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true,image.repository="+repo+",imagePullSecrets[0].name=regcred"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var dep *appsv1.Deployment
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		d, err := cp.Kube.AppsV1().Deployments(ns).Get(ctx, "raysync", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		dep = d
+		return d.Status.ReadyReplicas == 2 && d.Status.UpdatedReplicas == 2, nil
+	}); err != nil {
+		pods, _ := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		var b strings.Builder
+		for _, p := range pods.Items {
+			b.WriteString(p.Name + " " + string(p.Status.Phase) + "\n")
+			if logs, err := cp.Kube.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr(int64(15))}).DoRaw(ctx); err == nil {
+				b.Write(logs)
+			}
+		}
+		t.Fatalf("raysync not 2/2 Ready: %v (status %+v)\npods:\n%s\nevents:\n%s", err, dep.Status, b.String(), events(ctx, cp.Kube, ns))
+	}
+	t.Logf("helm install → 2/2 Ready in %s", time.Since(t1).Round(time.Millisecond))
+
+	pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=raysync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, p := range pods.Items {
+		names[p.Name] = true
+		c := p.Spec.Containers[0]
+		sc := c.SecurityContext
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || c.ReadinessProbe == nil || c.LivenessProbe == nil {
+			t.Errorf("pod %s: securityContext %+v, probes %v/%v; want a read-only root and both probes", p.Name, sc, c.ReadinessProbe != nil, c.LivenessProbe != nil)
+		}
+		if st := p.Status.ContainerStatuses; len(st) == 0 || !strings.HasPrefix(st[0].ImageID, framework.RegistryHost+"/raysync@sha256:") {
+			t.Errorf("pod %s: image %v, want pulled from %s", p.Name, st, framework.RegistryHost)
+		}
+		if p.Spec.NodeName != framework.NodeName {
+			t.Errorf("pod %s on %q", p.Name, p.Spec.NodeName)
+		}
+	}
+	if len(names) != 2 {
+		t.Fatalf("raysync pods %v, want 2", names)
+	}
+	// One leader among the two (its identity is the pod's name).
+	var holder string
+	_ = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		leases, err := cp.Kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, l := range leases.Items {
+			if l.Spec.HolderIdentity != nil {
+				for n := range names {
+					if strings.HasPrefix(*l.Spec.HolderIdentity, n) {
+						holder = n
+					}
+				}
+			}
+		}
+		return holder != "", nil
+	})
+	if holder == "" {
+		t.Errorf("no Lease in %s held by a raysync pod", ns)
+	}
+	t.Logf("leader: %s", holder)
+
+	kubectl, err := framework.Kubectl(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cp.Kubeconfig, "-n", ns, "exec", "deploy/raysync", "--", "/syncer", "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl exec deploy/raysync -- /syncer status: %v\n%s", err, out)
+	}
+	t.Logf("/syncer status in the pod:\n%s", out)
+}
+
+func ptr[T any](v T) *T { return &v }
