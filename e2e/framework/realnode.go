@@ -861,3 +861,21 @@ func (c *ControlPlane) PushChart(ctx context.Context, version string, logf func(
 	_, err = c.Helm(ctx, logf, "push", filepath.Join(dir, "raysync-"+version+".tgz"), RegistryChartRepo, "--ca-file", ca)
 	return err
 }
+
+// ChartVersion is deploy/helm/raysync's version (Chart.yaml).
+func ChartVersion() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(root, "deploy/helm/raysync/Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "version:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", errors.New("no version in Chart.yaml")
+}
