@@ -72,7 +72,7 @@ type NodeBinaries struct {
 	Kubelet, KubeProxy, KubeScheduler         string
 	Containerd, Shim, Ctr, CNIDir, Supervisor string
 	Registry, ImageTool                       string
-	PauseTar, TinyTar                         string
+	PauseTar, TinyTar, CoreDNS, CoreDNSTar    string
 }
 
 // EnsureNodeBinaries installs runc, iptables and conntrack (Debian packages, once) and builds the
@@ -103,6 +103,7 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 		Ctr:           filepath.Join(bin, "ctr-"+ContainerdVersion),
 		CNIDir:        cni,
 		Registry:      filepath.Join(bin, "registry-"+RegistryVersion),
+		CoreDNS:       filepath.Join(bin, "coredns-"+CoreDNSVersion),
 	}
 	unlock, err := lockFile(filepath.Join(cache, "build.lock"))
 	if err != nil {
@@ -119,6 +120,7 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 		{b.KubeProxy, "e2e/tools/kube", []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.KubeProxy + ".tmp", "k8s.io/kubernetes/cmd/kube-proxy"}},
 		{b.KubeScheduler, "e2e/tools/kube", []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.KubeScheduler + ".tmp", "k8s.io/kubernetes/cmd/kube-scheduler"}},
 	}
+	steps = append(steps, buildStep{b.CoreDNS, "e2e/tools/coredns", toolArgs(b.CoreDNS, "github.com/coredns/coredns", "")})
 	steps = append(steps, buildStep{b.Registry, "e2e/tools/registry", toolArgs(b.Registry, "github.com/distribution/distribution/v3/cmd/registry", "")})
 	for _, p := range []string{"ipam/host-local", "main/bridge", "main/loopback", "meta/portmap"} {
 		out := filepath.Join(cni, filepath.Base(p))
@@ -155,6 +157,12 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 	}
 	b.ImageTool = imageTool
 	b.PauseTar, b.TinyTar = filepath.Join(bin, "realnode-pause.tar"), filepath.Join(bin, "realnode-tiny.tar")
+	b.CoreDNSTar = filepath.Join(bin, "coredns-"+CoreDNSVersion+".tar")
+	if !fileExists(b.CoreDNSTar) {
+		if out, err := exec.CommandContext(ctx, imageTool, "single", "-binary", b.CoreDNS, "-entrypoint", "/coredns", "-ref", CoreDNSImage, "-out", b.CoreDNSTar).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("image %s: %v\n%s", CoreDNSImage, err, out)
+		}
+	}
 	for tar, ref := range map[string]string{b.PauseTar: PauseImage, b.TinyTar: TinyImage} {
 		if out, err := exec.CommandContext(ctx, imageTool, "single", "-binary", pause, "-entrypoint", "/pause", "-ref", ref, "-out", tar).CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("image %s: %v\n%s", ref, err, out)
@@ -306,8 +314,8 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 			{Name: "registry", Path: nb.Registry, Args: []string{"serve", filepath.Join(dir, "registry/config.yml")}},
 			{Name: "containerd", Path: nb.Containerd, Args: []string{"--config", filepath.Join(dir, "containerd/config.toml")},
 				Env: []string{"PATH=" + filepath.Join(dir, "bin") + ":/usr/sbin:/usr/bin:/sbin:/bin"}, WaitFor: sock},
-			{Name: "import-images", Path: "/bin/sh", Args: []string{"-c", fmt.Sprintf("%s -a %s -n k8s.io images import %s && %s -a %s -n k8s.io images import %s",
-				nb.Ctr, sock, nb.PauseTar, nb.Ctr, sock, nb.TinyTar)}},
+			{Name: "import-images", Path: "/bin/sh", Args: []string{"-c", fmt.Sprintf("for t in %s %s %s; do %s -a %s -n k8s.io images import $t || exit 1; done",
+				nb.PauseTar, nb.TinyTar, nb.CoreDNSTar, nb.Ctr, sock)}},
 			{Name: "kubelet", Path: nb.Kubelet, Args: []string{"--config=" + filepath.Join(dir, "kubelet/config.yaml"),
 				"--kubeconfig=" + kubeletKC, "--root-dir=" + filepath.Join(dir, "kubelet"), "--hostname-override=" + NodeName,
 				"--node-ip=" + NodeIP, "--volume-plugin-dir=" + filepath.Join(dir, "kubelet/volume-plugins"), "--v=2"}},
@@ -388,6 +396,10 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 		return fmt.Errorf("node %s never Ready (logs in %s): %w\n%s", NodeName, dir, err, tail(filepath.Join(dir, "kubelet.log"), 20))
 	}
 	logf("real node %s Ready (%s)", NodeName, time.Since(t0).Round(time.Millisecond))
+	if err := deployCoreDNS(ctx, c.Kube); err != nil {
+		return err
+	}
+	logf("CoreDNS %s available at %s (%s)", CoreDNSVersion, ClusterDNSIP, time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -559,15 +571,16 @@ authentication:
   x509: {clientCAFile: %q}
 authorization:
   mode: Webhook
-# No host resolv.conf: a pod resolves nothing outside the cluster.
+# No host resolv.conf: a pod resolves nothing outside the cluster; CoreDNS (a pod) answers for it.
 resolvConf: ""
 clusterDomain: cluster.local
+clusterDNS: [%s]
 failSwapOn: false
 serializeImagePulls: false
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-`, cgroupRoot, sock, NodeIP, ca)
+`, cgroupRoot, sock, NodeIP, ca, ClusterDNSIP)
 }
 
 func kubeProxyConfig(kubeconfig string) string {
