@@ -706,7 +706,7 @@ func RealNodeLeftovers() []string {
 	}
 	if out, err := exec.Command("ip", "-4", "route", "show").Output(); err == nil {
 		for _, l := range strings.Split(string(out), "\n") {
-			if strings.Contains(l, "198.18.") {
+			if strings.Contains(l, hostVeth) || strings.HasPrefix(l, podsRoute) || strings.HasPrefix(l, ServiceCIDR) {
 				left = append(left, "route "+l)
 			}
 		}
@@ -726,7 +726,8 @@ func RealNodeLeftovers() []string {
 	}
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, "/"+nodeSubdir+"/") || strings.Contains(l, "containerd") || strings.Contains(l, "kubelet") || strings.Contains(l, "/run/netns/") {
+			// Pod network namespaces live under containerd's state directory, inside the node's mounts.
+			if strings.Contains(l, "/"+nodeSubdir+"/") || strings.Contains(l, "containerd") || strings.Contains(l, "kubelet") {
 				left = append(left, "mount "+l)
 			}
 		}
