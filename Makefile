@@ -6,7 +6,7 @@ NODE ?= standin
 
 .PHONY: build image chart test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean docs docs-gen
 FUZZTIME ?= 60s
-FUZZ_PACKAGES := ./internal/kuberay ./internal/validate ./internal/podtemplate ./internal/projection ./internal/gateway ./cmd/syncer
+FUZZ_PACKAGES := ./internal/kuberay ./internal/validate ./internal/podtemplate ./internal/projection ./internal/gateway ./cmd/syncer/app
 
 build: ## build bin/syncer
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/syncer ./cmd/syncer

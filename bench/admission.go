@@ -366,7 +366,7 @@ func (b *bench) reviewBurst(n int, rc *unstructured.Unstructured) []float64 {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(b.webhookCA)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32, TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	pod := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{GenerateName: "burst-head-", Namespace: admissionBurstNamespace,
+	pod := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{GenerateName: "burst-head-", Namespace: rc.GetNamespace(),
 		Labels:          map[string]string{"ray.io/cluster": rc.GetName(), "ray.io/node-type": "head", "app.kubernetes.io/created-by": "kuberay-operator"},
 		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(rc, rcGVR.GroupVersion().WithKind("RayCluster"))}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "ray-head", Image: "rayproject/ray:2.52.0"}, {Name: "autoscaler", Image: "rayproject/ray:2.52.0"}}}}
@@ -375,7 +375,7 @@ func (b *bench) reviewBurst(n int, rc *unstructured.Unstructured) []float64 {
 	lat := make([]float64, n+burstConcurrency)
 	parallel(n+burstConcurrency, burstConcurrency, func(i int) {
 		review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-			Request: &admissionv1.AdmissionRequest{UID: types.UID(fmt.Sprint(i)), Operation: admissionv1.Create, Namespace: admissionBurstNamespace,
+			Request: &admissionv1.AdmissionRequest{UID: types.UID(fmt.Sprint(i)), Operation: admissionv1.Create, Namespace: rc.GetNamespace(),
 				Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Object: runtime.RawExtension{Raw: raw}}}
 		body, err := json.Marshal(review)
 		check(err)

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ import (
 
 	"github.com/raysync/raysync/e2e/framework"
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 )
 
 type result struct {
@@ -57,6 +59,7 @@ type result struct {
 	ESO       *esoResult        `json:"external_secrets_operator,omitempty"`
 	RealRay   *realRayResult    `json:"real_ray,omitempty"`
 	Gateway   *gatewayResult    `json:"gateway,omitempty"`
+	Growth    []growthResult    `json:"growth,omitempty"`
 }
 
 // esoResult is raysync and External Secrets Operator on the same N targets, run alternately.
@@ -97,6 +100,22 @@ type rotationResult struct {
 	RotationEvents int     `json:"rotation_events,omitempty"`
 	MinimalLastMs  float64 `json:"minimal_client_last_ms"`
 	Ratio          float64 `json:"ratio_to_minimal"`
+	// Rounds alternate raysync's rotation with the two controls, on the same targets; Ratio and
+	// EventsRatio are the medians of the rounds' ratios (one pair measures the machine as much as raysync).
+	Rounds      []fanoutRound `json:"rounds,omitempty"`
+	EventsRatio float64       `json:"ratio_to_minimal_with_events,omitempty"`
+}
+
+// fanoutRound is one raysync rotation of every target, then the minimal client writing every
+// target, then the minimal client writing every target and one Event per target (raysync writes a
+// TokenRotated Event per cluster too). raysync is stopped while the controls run.
+type fanoutRound struct {
+	RaysyncLastMs       float64 `json:"raysync_last_ms"`
+	MinimalLastMs       float64 `json:"minimal_client_last_ms"`
+	MinimalEventsLastMs float64 `json:"minimal_client_with_events_last_ms"`
+	// TrailingMs: how long raysync kept making requests after its last target write (the RayClusters'
+	// records and the Events follow the writes); the controls start only once it is quiet.
+	TrailingMs float64 `json:"raysync_trailing_ms"`
 }
 
 type idleResult struct {
@@ -120,7 +139,9 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the numbers")
 	idleOverride := flag.Duration("idle", 0, "how long each idle measurement lasts (default 5m; 12s, more than one ESO refresh, with -smoke)")
 	sizes := flag.String("sizes", "", "comma-separated fan-out sizes (default 100,1000,5000; 20 with -smoke)")
-	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission,realray,gateway", "which scenarios to run (realray: Ray 2.60 itself; not in -smoke unless named)")
+	only := flag.String("scenarios", "race,memory,fanout,eso,running,fleet,admission,realray,gateway", "which scenarios to run (realray: Ray 2.60 itself; not in -smoke unless named; growth: how the costs grow with N, only when named)")
+	growthSizes := flag.String("growth-sizes", "100,1000,5000,10000", "comma-separated cluster counts of the growth scenario")
+	growthIdle := flag.Duration("growth-idle", time.Minute, "how long the growth scenario counts idle API requests at each size")
 	runningPolicies := flag.String("running-policies", "hold,restart", "standalone clusters' rotation policies the running scenario measures, one run each")
 	before := flag.String("before", "77f3cf1", "the raysync commit whose rotation behaviour the fleet scenario compares with (before safe rotation)")
 	kuberayVersion := flag.String("kuberay", "v1.6.1", "KubeRay operator version (v1.5.1 or v1.6.1)")
@@ -221,6 +242,13 @@ func main() {
 		r := (&bench{cp: cp, bin: bin, ns: "gateway"}).gatewayBench(rate, each)
 		res.Gateway = &r
 	}
+	if run["growth"] {
+		for _, f := range strings.Split(*growthSizes, ",") {
+			n, err := strconv.Atoi(f)
+			check(err)
+			res.Growth = append(res.Growth, (&bench{cp: cp, bin: bin, ns: fmt.Sprintf("growth-%d", n)}).growth(n, audit, *growthIdle))
+		}
+	}
 	if run["fleet"] {
 		res.Fleet = (&bench{cp: cp, bin: bin, ns: fleetNamespace}).fleetRotation(fleetN, fleetBounds, *before, fleetLimit)
 	}
@@ -280,16 +308,43 @@ func main() {
 		b.setup(n)
 		s := b.startSyncer("--namespaces=" + b.ns)
 		b.waitAll(n, b.token)
-		r := b.rotate(n, 0)
-		r.MinimalLastMs = b.minimalClient(n)
-		r.Ratio = r.LastMs / r.MinimalLastMs
+		var r rotationResult
+		var ratios, eventRatios []float64
+		for round := range fanoutRounds {
+			one := b.rotate(n, 0)
+			trail, _ := audit.quiet("raysync", 3*time.Second, 2*time.Minute)
+			events := b.events(names.ReasonTokenRotated)
+			if round == 0 {
+				r = one // the first round's distribution, writes and Events
+			}
+			s.stop() // each side alone with the API server
+			x := fanoutRound{RaysyncLastMs: one.LastMs, MinimalLastMs: b.minimalClient(n, false), MinimalEventsLastMs: b.minimalClient(n, true),
+				TrailingMs: float64((time.Second + trail).Milliseconds())} // rotate waits 1 s after the last target
+			r.Rounds = append(r.Rounds, x)
+			ratios = append(ratios, x.RaysyncLastMs/x.MinimalLastMs)
+			eventRatios = append(eventRatios, x.RaysyncLastMs/x.MinimalEventsLastMs)
+			fmt.Fprintf(os.Stderr, "bench: fan-out N=%d round %d: raysync %.0f ms (busy %.0f ms after its last target), minimal client %.0f ms (%.2fx), with Events %.0f ms (%.2fx); %d TokenRotated Events so far\n",
+				n, round+1, x.RaysyncLastMs, x.TrailingMs, x.MinimalLastMs, ratios[round], x.MinimalEventsLastMs, eventRatios[round], events)
+			// The next process (start, cache sync, one rotation) writes a CPU profile: where raysync's time goes.
+			b.profile = filepath.Join(os.TempDir(), fmt.Sprintf("raysync-fanout-%d-round%d.pprof", n, round+2))
+			s = b.startSyncer("--namespaces=" + b.ns)
+			b.profile = ""
+		}
+		r.MinimalLastMs = median(func() []float64 {
+			var m []float64
+			for _, x := range r.Rounds {
+				m = append(m, x.MinimalLastMs)
+			}
+			return m
+		}())
+		r.Ratio, r.EventsRatio = median(ratios), median(eventRatios)
 		res.Rotation = append(res.Rotation, r)
 		if res.Idle == nil && (n == esoN || i == len(ns)-1) {
 			res.Idle = b.idle(audit, "raysync", n, idleFor)
 		} else {
 			audit.quiet("raysync", 5*time.Second, 2*time.Minute)
 		}
-		res.Rotation[len(res.Rotation)-1].RotationEvents = b.events("TokenRotated")
+		res.Rotation[len(res.Rotation)-1].RotationEvents = b.events(names.ReasonTokenRotated) / fanoutRounds
 		s.stop()
 	}
 
@@ -314,6 +369,8 @@ type bench struct {
 	ns    string
 	token string
 	objs  []*corev1.Secret
+	// profile, when set, is where raysync writes a CPU profile of its run ($RAYSYNC_CPUPROFILE).
+	profile string
 	// webhookURL and webhookCA: the webhook raysync serves (admission scenario).
 	webhookURL string
 	webhookCA  []byte
@@ -329,16 +386,31 @@ func (b *bench) setup(n int) {
 	_, err := b.cp.Kube.CoreV1().Secrets(b.ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
 		Data: map[string][]byte{"auth_token": []byte(b.token)}}, metav1.CreateOptions{})
 	check(err)
+	b.clusters(n, func(name string) []byte { return []byte("kuberay-random-" + name) }, nil, nil)
+}
+
+// clusters creates n RayClusters (shaped by each, if not nil) with KubeRay-shaped auth Secrets
+// holding token(name).
+// after, if not nil, is called with each cluster as created.
+func (b *bench) clusters(n int, token func(name string) []byte, each, after func(*unstructured.Unstructured)) {
+	ctx := context.Background()
 	b.objs = make([]*corev1.Secret, n)
 	parallel(n, 16, func(i int) {
 		name := fmt.Sprintf("c%05d", i)
-		created, err := b.cp.Dynamic.Resource(rcGVR).Namespace(b.ns).Create(ctx, rayCluster(b.ns, name), metav1.CreateOptions{})
+		rc := rayCluster(b.ns, name)
+		if each != nil {
+			each(rc)
+		}
+		created, err := b.cp.Dynamic.Resource(rcGVR).Namespace(b.ns).Create(ctx, rc, metav1.CreateOptions{})
 		check(err)
+		if after != nil {
+			after(created)
+		}
 		yes := true
 		s, err := b.cp.Kube.CoreV1().Secrets(b.ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels:          map[string]string{kuberay.ClusterLabel: name},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: name, UID: created.GetUID(), Controller: &yes}}},
-			Data: map[string][]byte{"auth_token": []byte("kuberay-random-" + name)}}, metav1.CreateOptions{})
+			Data: map[string][]byte{"auth_token": token(name)}}, metav1.CreateOptions{})
 		check(err)
 		b.objs[i] = s
 	})
@@ -463,21 +535,56 @@ wait:
 	return r
 }
 
-// minimalClient is the physical limit: a 16-goroutine pool updating targets it already knows.
-func (b *bench) minimalClient(n int) float64 {
+// fanoutRounds is how many times the fan-out alternates raysync and the controls.
+const fanoutRounds = 5
+
+// minimalClient is the physical limit: a 16-goroutine pool updating targets it already knows (with
+// events, also creating one Event per target on its RayCluster, as raysync does). It keeps raysync's
+// annotations, so raysync finds every target in sync when it starts again.
+func (b *bench) minimalClient(n int, events bool) float64 {
 	ctx := context.Background()
 	// Fresh copies with current resourceVersions (raysync wrote them).
 	l, err := b.cp.Kube.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel})
 	check(err)
+	if len(l.Items) != n {
+		check(fmt.Errorf("minimal client: %d targets, want %d", len(l.Items), n))
+	}
+	round := strconv.FormatInt(time.Now().UnixNano(), 36)
 	start := time.Now()
 	parallel(len(l.Items), 16, func(i int) {
 		s := l.Items[i].DeepCopy()
 		s.Data["auth_token"] = []byte(b.token)
-		s.Annotations = map[string]string{"bench/minimal": strconv.Itoa(i)}
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations["bench/minimal"] = round
 		_, err := b.cp.Kube.CoreV1().Secrets(b.ns).Update(ctx, s, metav1.UpdateOptions{})
+		check(err)
+		if !events {
+			return
+		}
+		owner := s.Labels[kuberay.ClusterLabel]
+		_, err = b.cp.Kube.CoreV1().Events(b.ns).Create(ctx, &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{GenerateName: owner + ".", Namespace: b.ns},
+			InvolvedObject: corev1.ObjectReference{APIVersion: "ray.io/v1", Kind: "RayCluster", Namespace: b.ns, Name: owner},
+			Reason:         "BenchMinimal", Message: "minimal client wrote the token", Type: corev1.EventTypeNormal,
+			Source: corev1.EventSource{Component: "bench-minimal"}, Count: 1,
+			FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now()}, metav1.CreateOptions{})
 		check(err)
 	})
 	return float64(time.Since(start).Microseconds()) / 1000
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // idle waits until the client (by user agent) has made no request for 5 s (at most 2 minutes: the
@@ -553,6 +660,9 @@ func (b *bench) startSyncerBinary(bin string, args ...string) *proc {
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + b.cp.Kubeconfig, "--auth-source=" + b.ns + "/ray-token",
 		"--leader-elect=false", "--log-level=warn", "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", pp)}, args...)...)
 	cmd.Stderr = os.Stderr
+	if b.profile != "" {
+		cmd.Env = append(os.Environ(), "RAYSYNC_CPUPROFILE="+b.profile)
+	}
 	return startProc(cmd, fmt.Sprintf("http://127.0.0.1:%d/readyz", pp), "")
 }
 
@@ -610,6 +720,7 @@ func printRealRay(r *realRayResult) {
 }
 
 func printTable(r result) {
+	defer printGrowth(r.Growth)
 	defer printGateway(r.Gateway)
 	defer printRealRay(r.RealRay)
 	fmt.Printf("\n### raysync bench (commit %s, %d CPUs%s)\n", r.Commit, r.CPUs, map[bool]string{true: ", smoke", false: ""}[r.Smoke])
@@ -635,6 +746,16 @@ func printTable(r result) {
 	}
 	for _, x := range r.Rotation {
 		fmt.Printf("| %d | %.0f ms | %.0f ms | %.0f ms | %d | %.0f ms | %.2fx | %d |\n", x.N, x.P50Ms, x.P99Ms, x.LastMs, x.Writes, x.MinimalLastMs, x.Ratio, x.RotationEvents)
+	}
+	for _, x := range r.Rotation {
+		if len(x.Rounds) == 0 {
+			continue
+		}
+		fmt.Printf("\n| fan-out N = %d, round | raysync (last target after the source write) | then busy for | minimal client (N writes) | ratio | minimal client + one Event per target | ratio |\n|---|---|---|---|---|---|---|\n", x.N)
+		for i, p := range x.Rounds {
+			fmt.Printf("| %d | %.0f ms | %.0f ms | %.0f ms | %.2fx | %.0f ms | %.2fx |\n", i+1, p.RaysyncLastMs, p.TrailingMs, p.MinimalLastMs, p.RaysyncLastMs/p.MinimalLastMs, p.MinimalEventsLastMs, p.RaysyncLastMs/p.MinimalEventsLastMs)
+		}
+		fmt.Printf("| median of %d | | | | %.2fx | | %.2fx |\n", len(x.Rounds), x.Ratio, x.EventsRatio)
 	}
 	if len(r.Fleet) > 0 {
 		fmt.Println("\n| fleet rotation: RayServices | bound | done | wall time | peak in flight | operator requests rejected | worker join failures |\n|---|---|---|---|---|---|---|")

@@ -974,3 +974,54 @@ func TestChartWebhookNetworkPolicy(t *testing.T) {
 		t.Errorf("a webhook NetworkPolicy without peers rendered:\n%.300s", out)
 	}
 }
+
+// TestChartNamesWhatUninstallLooksFor: `syncer uninstall --name=<name>` derives the webhook's
+// certificate Secret (<name>-webhook-tls) and configuration (<name>) from the install's name, so the
+// chart names them after its `name` value too — for a release whose `name` differs from its fullname,
+// they were named after the fullname and uninstall looked in the wrong place.
+func TestChartNamesWhatUninstallLooksFor(t *testing.T) {
+	for _, c := range []struct{ release, nameValue, want string }{
+		{"raysync", "", "raysync"},
+		{"rs", "", "rs-raysync"},
+		{"rs", "tenant-a", "tenant-a"},
+	} {
+		args := []string{"template", c.release, chart, "--namespace", "raysync",
+			"--set", "authSource.namespace=raysync,authSource.name=ray-token,namespaces={ml}"}
+		if c.nameValue != "" {
+			args = append(args, "--set", "name="+c.nameValue)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("helm template: %v\n%s", err, out)
+		}
+		var gotArgs []string
+		kinds := map[string]bool{}
+		for _, o := range renderedObjects(t, out) {
+			kinds[o.GetKind()+"/"+o.GetName()] = true
+			if o.GetKind() == "Deployment" && !strings.Contains(o.GetName(), "gateway") {
+				cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+				for _, a := range cs[0].(map[string]any)["args"].([]any) {
+					gotArgs = append(gotArgs, a.(string))
+				}
+			}
+			if o.GetKind() == "Role" || o.GetKind() == "ClusterRole" {
+				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+				for _, r := range rules {
+					names, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resourceNames")
+					res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+					if slices.Contains(res, "mutatingwebhookconfigurations") && !slices.Equal(names, []string{c.want}) {
+						t.Errorf("%s/%s: RBAC on the webhook configuration names %v, want [%s]", c.release, c.nameValue, names, c.want)
+					}
+				}
+			}
+		}
+		for _, want := range []string{"--name=" + c.want, "--webhook-cert-secret=raysync/" + c.want + "-webhook-tls", "--webhook-configuration=" + c.want} {
+			if !slices.Contains(gotArgs, want) {
+				t.Errorf("release %s, name %q: no %s in %v", c.release, c.nameValue, want, gotArgs)
+			}
+		}
+		if !kinds["MutatingWebhookConfiguration/"+c.want] {
+			t.Errorf("release %s, name %q: no MutatingWebhookConfiguration %s", c.release, c.nameValue, c.want)
+		}
+	}
+}

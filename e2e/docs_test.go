@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/raysync/raysync/cmd/syncer/app"
 	"github.com/raysync/raysync/e2e/framework"
 	"github.com/raysync/raysync/internal/kuberay"
 )
@@ -93,7 +94,7 @@ for ((i=0; i<${#a[@]}; i++)); do
     f="$SHIM_DIR/$ns.${a[i+1]#deploy/}.args"
     [ -f "$f" ] || { echo "docs shim: no raysync runs for ${a[i+1]} in $ns" >&2; exit 1; }
     for ((j=i+2; j<${#a[@]}; j++)); do [ "${a[j]}" = -- ] && break; done
-    cmd=("${a[@]:j+2}"); mapfile -t run < "$f"
+    cmd=("${a[@]:j+2}"); run=(); [ -f "$f.${cmd[0]}" ] && mapfile -t run < "$f.${cmd[0]}"
     POD_NAMESPACE=$ns exec "$SYNCER" "${cmd[0]}" "${run[@]}" "${cmd[@]:1}"
   fi
   if [ "${a[i]}" = rollout ] && [ "${a[i+1]}" = status ] && [[ "${a[i+2]}" == deploy/* ]]; then
@@ -184,19 +185,25 @@ func (d *docsShell) startDeployments(ns string) {
 		if _, err := os.Stat(argsFile); err == nil {
 			continue
 		}
-		run, inPod := deploymentArgs(&dep)
+		run := deploymentArgs(&dep)
 		kubeconfig, _ := d.e.serviceAccountKubeconfig(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)
 		d.e.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + dep.Namespace}, nil, append(run, "--leader-election-retry-period=500ms")...)
-		if err := os.WriteFile(argsFile, []byte(strings.Join(append(inPod, "--kubeconfig="+kubeconfig), "\n")+"\n"), 0o600); err != nil {
+		// What each command inherits in the pod (cmd/syncer/app's InheritedFlags, from the Deployment's own arguments).
+		for _, cmd := range []string{"status", "rotate", "uninstall", "revoke-previous"} {
+			inPod := app.InheritedFlags(cmd, dep.Spec.Template.Spec.Containers[0].Args)
+			if err := os.WriteFile(argsFile+"."+cmd, []byte(strings.Join(append(inPod, "--kubeconfig="+kubeconfig), "\n")+"\n"), 0o600); err != nil {
+				d.e.t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(argsFile, nil, 0o600); err != nil {
 			d.e.t.Fatal(err)
 		}
 	}
 }
 
-// deploymentArgs are the raysync container's arguments as the test runs them (servers the test binds
-// on loopback dropped, the webhook on a free loopback port), and as `syncer` commands inherit them
-// inside the pod (cmd/syncer's withRunningFlags drops the same flags).
-func deploymentArgs(dep *appsv1.Deployment) (run, inPod []string) {
+// deploymentArgs are the raysync container's arguments as the test runs them: servers the test binds
+// on loopback dropped, the webhook on a free loopback port.
+func deploymentArgs(dep *appsv1.Deployment) (run []string) {
 	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
 		switch {
 		case strings.HasPrefix(a, "--metrics-bind-address"), strings.HasPrefix(a, "--health-probe-bind-address"):
@@ -206,12 +213,8 @@ func deploymentArgs(dep *appsv1.Deployment) (run, inPod []string) {
 		default:
 			run = append(run, a)
 		}
-		if !strings.HasPrefix(a, "--leader-elect") && !strings.HasPrefix(a, "--metrics-bind-address") && !strings.HasPrefix(a, "--health-probe-bind-address") &&
-			!strings.HasPrefix(a, "--webhook-") && !strings.HasPrefix(a, "--dry-run") {
-			inPod = append(inPod, a)
-		}
 	}
-	return run, inPod
+	return run
 }
 
 // TestDocsQuickStart runs the README's and docs' quick start (steps 2-5) as written, on a control plane

@@ -31,6 +31,11 @@ func TestInterruptedRunLeavesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
 	}
+	// Build (or find) the binaries here, without a deadline: on a cold machine the build takes
+	// minutes, and the helper's readiness deadline below is for starting a control plane only.
+	if _, err := EnsureBinaries(context.Background(), "v1.6.1", t.Logf); err != nil {
+		t.Fatal(err)
+	}
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
 			dir := t.TempDir()

@@ -149,3 +149,37 @@ func TestStandbyExportsNoState(t *testing.T) {
 		t.Error("the leader exported no state")
 	}
 }
+
+// TestSeriesFollowEachScrape: the series the collector keeps between scrapes change with their value,
+// and a cluster gone since the last scrape leaves no series behind.
+func TestSeriesFollowEachScrape(t *testing.T) {
+	snap := Snapshot{Targets: []TargetState{
+		{Namespace: "ray", RayCluster: "a", Kind: string(names.KindAuthToken), State: names.StateInSync},
+		{Namespace: "ray", RayCluster: "b", Kind: string(names.KindAuthToken), State: names.StateInSync},
+	}}
+	m := New(func() Snapshot { return snap })
+	text := func() string {
+		var b strings.Builder
+		families, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "raysync_target_in_sync" {
+				for _, s := range f.Metric {
+					b.WriteString(s.Label[2].GetValue() + "=" + strings.TrimSuffix(s.String(), "\n") + ";")
+				}
+			}
+		}
+		return b.String()
+	}
+	first := text()
+	if !strings.Contains(first, `value:"a"`) || !strings.Contains(first, `value:"b"`) || strings.Count(first, "value:1") != 2 {
+		t.Fatalf("first scrape: %s", first)
+	}
+	snap.Targets = []TargetState{{Namespace: "ray", RayCluster: "a", Kind: string(names.KindAuthToken), State: names.StateOutOfSync}}
+	second := text()
+	if strings.Contains(second, `value:"b"`) || !strings.Contains(second, "value:0") || strings.Contains(second, "value:1") {
+		t.Fatalf("second scrape (b gone, a out of sync): %s", second)
+	}
+}

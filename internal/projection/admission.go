@@ -105,7 +105,7 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtem
 	}
 	now := a.now()
 	in := a.gather.cluster(rc, a.sources(now), now)
-	tc, _, _ := podTemplateConfig(in, &ClusterPlan{})
+	tc, _, _ := podTemplateConfig(in, &ClusterPlan{}, nil)
 	ops, err := podtemplate.PodPatch(pod, tc, podtemplate.Autoscaling(rc))
 	switch {
 	case err != nil:

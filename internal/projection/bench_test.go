@@ -3,11 +3,13 @@ package projection
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -50,7 +52,12 @@ func BenchmarkStatus1000(b *testing.B) {
 // scrapeFleet is 1,000 in-sync clusters shaped like a production fleet: a head and 4 worker groups,
 // 40 env entries per container, autoscaling, a running head and two running workers each, with a pull
 // secret and the autoscaler's client TLS configured and in place.
-func scrapeFleet(b *testing.B) *harness {
+func scrapeFleet(b testing.TB) *harness { return fleetOf(b, 1000, nil) }
+
+// fleetOf is n clusters of scrapeFleet's shape; vary, when not nil, changes cluster i's objects
+// (the cluster, its token target, its pods) before they are stored.
+func fleetOf(b testing.TB, n int, vary func(i int, rc *unstructured.Unstructured, target *corev1.Secret, pods []*corev1.Pod) []runtime.Object) *harness {
+	b.Helper()
 	crt, key := testCert(b)
 	tlsSrc := types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "autoscaler-tls"}
 	tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tlsSrc.Name, Namespace: tlsSrc.Namespace}, Type: corev1.SecretTypeTLS,
@@ -72,7 +79,7 @@ func scrapeFleet(b *testing.B) *harness {
 	}
 	objs := []runtime.Object{sourceSecret(token), pullSecretSource(), tlsSecret, copyOf(pullSecretSource(), names.KindPullSecret), copyOf(tlsSecret, names.KindAutoscalerTLS)}
 	var clusters []*unstructured.Unstructured
-	for i := range 1000 {
+	for i := range n {
 		name := fmt.Sprintf("c%04d", i)
 		rc := rayCluster(name, autoscaling)
 		spec := rc.Object["spec"].(map[string]any)
@@ -88,8 +95,8 @@ func scrapeFleet(b *testing.B) *harness {
 		if err != nil {
 			b.Fatal(err)
 		}
-		clusters = append(clusters, rc)
-		objs = append(objs, secret(ns, name, map[string]string{"auth_token": token}, ownedBy(name)))
+		target := secret(ns, name, map[string]string{"auth_token": token}, ownedBy(name))
+		var pods []*corev1.Pod
 		for _, p := range []string{"head", "w1", "w2"} {
 			pod := rayPod(name+"-"+p, name, running, withPullSecret)
 			pod.UID = types.UID("uid-" + pod.Name)
@@ -98,7 +105,21 @@ func scrapeFleet(b *testing.B) *harness {
 					Env: []corev1.EnvVar{{Name: podtemplate.EnvClientCertPath, Value: podtemplate.DefaultTLSMountPath + "/tls.crt"}}})
 				pod.Spec.Volumes = []corev1.Volume{{Name: names.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: tlsSrc.Name}}}}
 			}
-			objs = append(objs, pod)
+			pods = append(pods, pod)
+		}
+		var extra []runtime.Object
+		if vary != nil {
+			extra = vary(i, rc, target, pods)
+		}
+		clusters = append(clusters, rc)
+		objs = append(objs, extra...)
+		if target.Name != "" {
+			objs = append(objs, target)
+		}
+		for _, p := range pods {
+			if p.Name != "" {
+				objs = append(objs, p)
+			}
 		}
 	}
 	return newHarnessWith(b, Config{Source: tokenSrc, Pods: pods}, clusters, objs...)
@@ -156,12 +177,33 @@ func BenchmarkAdmitPod(b *testing.B) {
 	cfg := Config{Source: tokenSrc, Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}, AutoscalerTLS: &tlsSrc, MountPath: podtemplate.DefaultTLSMountPath}}
 	h := newDryRunHarness(b, false, cfg, []*unstructured.Unstructured{rayCluster("c1", autoscaling)}, sourceSecret(token), pullSecretSource(), tlsSecret)
 	a := h.ctrl.Admitter()
-	raw := []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
-		"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if ops, result, _ := a.Pod(context.Background(), ns, raw); result != names.AdmitMutated || len(ops) != 4 {
+		if ops, result, _ := a.Pod(context.Background(), ns, admitPodRequest); result != names.AdmitMutated || len(ops) != 4 {
 			b.Fatalf("%s %v", result, ops)
 		}
 	}
+}
+
+// admitPodRequest is an autoscaling head of c1 as KubeRay creates it.
+var admitPodRequest = []byte(`{"metadata":{"generateName":"c1-head-","labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"apiVersion":"ray.io/v1","kind":"RayCluster","name":"c1","uid":"uid-c1","controller":true}]},
+	"spec":{"containers":[{"name":"ray-head","image":"rayproject/ray:2.52.0"},{"name":"autoscaler","image":"rayproject/ray:2.52.0"}]}}`)
+
+// BenchmarkExposition1000 is the whole /metrics answer over scrapeFleet, as Prometheus reads it:
+// the snapshot, the state collector's series, the Go and process collectors, the text encoding.
+func BenchmarkExposition1000(b *testing.B) {
+	h := scrapeFleet(b)
+	handler := promhttp.HandlerFor(h.metrics.Registry, promhttp.HandlerOpts{})
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := processCPU()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatal(w.Code)
+		}
+	}
+	b.ReportMetric(float64(processCPU()-cpu)/float64(b.N)/1e6, "cpu-ms/op")
 }

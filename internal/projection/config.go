@@ -151,5 +151,14 @@ func metaString(rc *unstructured.Unstructured, field, key string) string {
 
 // managed reports whether raysync acts on rc now: in scope and not being deleted.
 func (c Config) managed(rc *unstructured.Unstructured) bool {
-	return c.InScope(rc) && rc.GetDeletionTimestamp() == nil
+	return c.InScope(rc) && !beingDeleted(rc)
+}
+
+// beingDeleted is rc.GetDeletionTimestamp() != nil without the metav1.Time it allocates.
+func beingDeleted(rc *unstructured.Unstructured) bool {
+	meta, _ := rc.Object["metadata"].(map[string]any)
+	if s, _ := meta["deletionTimestamp"].(string); s == "" {
+		return false
+	}
+	return rc.GetDeletionTimestamp() != nil
 }

@@ -313,11 +313,11 @@ func TestRunningPodWithAStaleAutoscalerEntryIsReported(t *testing.T) {
 			VolumeMounts: []corev1.VolumeMount{{Name: names.TLSVolumeName, MountPath: podtemplate.DefaultTLSMountPath, ReadOnly: true}},
 			Env: []corev1.EnvVar{{Name: podtemplate.EnvClientCertPath, Value: podtemplate.DefaultTLSMountPath + "/tls.crt"}, {Name: podtemplate.EnvClientKeyPath, Value: podtemplate.DefaultTLSMountPath + "/tls.key"},
 				{Name: podtemplate.EnvServiceHost, Value: "https://old-proxy.example"}, {Name: podtemplate.EnvServicePortHTTPS, Value: "6443"}}}}}}
-	if got := podMissing(pod, podtemplate.Config{TLS: tlsT}, true); !cmp.Equal(got, []string{names.StaleAutoscalerTLS}) {
+	if got := podMissing(pod, podtemplate.Config{TLS: tlsT}, true).reasons(); !cmp.Equal(got, []string{names.StaleAutoscalerTLS}) {
 		t.Errorf("missing %v, want autoscaler_tls (KUBERNETES_SERVICE_HOST is stale)", got)
 	}
 	pod.Spec.Containers[0].Env[2].Value = srv.Host
-	if got := podMissing(pod, podtemplate.Config{TLS: tlsT}, true); len(got) != 0 {
+	if got := podMissing(pod, podtemplate.Config{TLS: tlsT}, true); got != 0 {
 		t.Errorf("missing %v for a pod with every entry right", got)
 	}
 }

@@ -20,6 +20,7 @@ type gatherer struct {
 	caches *informer.Caches
 	cfg    Config
 	memory *memory
+	parsed sourceParses
 	// watchingSince (Unix nanoseconds) is when the controller began acting on the caches; 0 for a
 	// one-shot report, which writes nothing.
 	watchingSince atomic.Int64
@@ -60,11 +61,11 @@ func (g *gatherer) released(now time.Time) []clusterView {
 
 // sources reads and validates every configured source.
 func (g *gatherer) sources(now time.Time) *sourceView {
-	return readSources(g.cfg, func(n types.NamespacedName) *corev1.Secret {
+	return readSourcesWith(g.cfg, func(n types.NamespacedName) *corev1.Secret {
 		// the sources and the ledger are all watched by name
 		s, _ := g.caches.Source(n)
 		return s
-	}, now)
+	}, now, &g.parsed)
 }
 
 // cluster reads everything the decision about rc needs.
@@ -118,10 +119,7 @@ func (g *gatherer) readCopy(in *ClusterInput, src source) {
 		g.markForeign(in, src.name.Name, false)
 		return
 	}
-	if in.Copies == nil {
-		in.Copies = map[string]*corev1.Secret{}
-	}
-	in.Copies[src.name.Name] = c
+	in.setCopy(c)
 }
 
 // markForeign records that the Secret named name in the cluster's namespace, which the data caches
@@ -167,10 +165,7 @@ func (in *ClusterInput) see(s *corev1.Secret) {
 	}
 	for _, src := range podSources {
 		if src.name.Name == s.Name && src.name.Namespace != s.Namespace {
-			if in.Copies == nil {
-				in.Copies = map[string]*corev1.Secret{}
-			}
-			in.Copies[s.Name] = s
+			in.setCopy(s)
 		}
 	}
 }

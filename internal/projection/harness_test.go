@@ -34,6 +34,8 @@ type harness struct {
 	dyn      *dynamicfake.FakeDynamicClient
 	recorder *record.FakeRecorder
 	metrics  *metrics.Metrics
+	// standby makes the metrics see a standby's snapshot (the allocation budget of the exposition).
+	standby bool
 }
 
 func newHarness(t *testing.T, dryRun bool, clusters []*unstructured.Unstructured, objs ...runtime.Object) *harness {
@@ -82,7 +84,12 @@ func buildHarness(t testing.TB, dryRun bool, cfg Config, clusters []*unstructure
 	caches := informer.New(kube, dyn, nil, cfg.Watches([]string{ns}))
 	rec := record.NewFakeRecorder(100)
 	h := &harness{kube: kube, dyn: dyn, recorder: rec}
-	h.metrics = metrics.New(func() metrics.Snapshot { return h.ctrl.Snapshot() })
+	h.metrics = metrics.New(func() metrics.Snapshot {
+		if h.standby {
+			return metrics.Snapshot{Standby: true}
+		}
+		return h.ctrl.Snapshot()
+	})
 	ctrl, err := New(kube, dyn, caches, rec, h.metrics, zap.NewNop(), cfg, dryRun)
 	if err != nil {
 		t.Fatal(err)

@@ -118,8 +118,9 @@ type ClusterInput struct {
 	// Target is the token target Secret as cached (or read live), nil when absent or when the
 	// cluster reads the source itself.
 	Target *corev1.Secret
-	// Copies are the Secrets in the cluster's namespace named like pod-source copies, by name.
-	Copies map[string]*corev1.Secret
+	// Copies are the Secrets in the cluster's namespace named like pod-source copies (copyNamed finds
+	// one): a list of a few, cheaper than a map on every cluster of every scrape.
+	Copies []*corev1.Secret
 	Pods   []*corev1.Pod
 	// Readers are the pods of the other clusters that read the token target (several clusters may
 	// name one Secret): it may have been read when any of theirs may have started.
@@ -143,8 +144,35 @@ type ClusterInput struct {
 	GatewayAddress *corev1.Service
 	// targetName is the token target's name ("" when there is none to write): see puts a live Secret there.
 	targetName string
+	// reportOnly: the plan is read for its Status alone (the Reporter, on every scrape), so the
+	// Events, on which no status depends, are not built.
+	reportOnly bool
 	// drift checks the pod templates: podtemplate.Drift when nil, or the Reporter's memo of it (same answers).
 	drift func(*unstructured.Unstructured, podtemplate.Config) (podtemplate.Missing, error)
+}
+
+// copyNamed is the Secret of Copies named name (nil: none).
+func (in *ClusterInput) copyNamed(name string) *corev1.Secret {
+	for _, s := range in.Copies {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// setCopy puts s in Copies, in place of the one of its name.
+func (in *ClusterInput) setCopy(s *corev1.Secret) {
+	for i, c := range in.Copies {
+		if c.Name == s.Name {
+			in.Copies[i] = s
+			return
+		}
+	}
+	if in.Copies == nil {
+		in.Copies = make([]*corev1.Secret, 0, 2) // a pull secret and the client certificate, usually
+	}
+	in.Copies = append(in.Copies, s)
 }
 
 // ClusterPlan is the decision for one RayCluster: what to do, and where it stands.
@@ -253,6 +281,9 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 
 // warnOnce plans a Warning Event on the cluster once per generation and reason.
 func (p *ClusterPlan) warnOnce(in *ClusterInput, reason, message string) {
+	if in.reportOnly {
+		return
+	}
 	gen := generationKey(in.Cluster)
 	if in.Memory.warned[reason] == gen {
 		return
@@ -262,6 +293,9 @@ func (p *ClusterPlan) warnOnce(in *ClusterInput, reason, message string) {
 }
 
 func (p *ClusterPlan) event(in *ClusterInput, typ, reason, message string) {
+	if in.reportOnly {
+		return
+	}
 	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: typ, Reason: reason, Message: message})
 }
 

@@ -91,7 +91,7 @@ func planCopy(in *ClusterInput, src source, p *ClusterPlan) (state string, usabl
 	if ns == src.name.Namespace {
 		return names.StateInSync, true // the source itself is in the cluster's namespace: no copy
 	}
-	cur := in.Copies[src.name.Name]
+	cur := in.copyNamed(src.name.Name)
 	switch {
 	case cur == nil && !in.Foreign[src.name.Name]:
 		p.Actions = append(p.Actions, CreateSecret{Secret: desiredPodSourceCopy(ns, src)})

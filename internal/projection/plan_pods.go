@@ -19,7 +19,8 @@ import (
 // the fixed template.
 func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 	rc := in.Cluster
-	tc, pullStates, tlsState := podTemplateConfig(in, p)
+	var states [4]string // room for the usual few pull secrets without allocating
+	tc, pullStates, tlsState := podTemplateConfig(in, p, states[:0])
 	autoscaling := podtemplate.Autoscaling(rc)
 
 	check := in.drift
@@ -76,17 +77,27 @@ func planPodConfig(in *ClusterInput, cfg Config, p *ClusterPlan) {
 }
 
 // podTemplateConfig is what the cluster's pods must carry (the copies they name planned into p), and
-// the state of each pull-secret copy and of the TLS copy ("" when there is none to make).
-func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc podtemplate.Config, pullStates []string, tlsState string) {
-	for _, src := range in.Sources.pull {
+// the state of each pull-secret copy (appended to pullStates) and of the TLS copy ("" when there is
+// none to make).
+func podTemplateConfig(in *ClusterInput, p *ClusterPlan, pullStates []string) (tc podtemplate.Config, _ []string, tlsState string) {
+	usable := 0 // how many pull sources, in order, are usable
+	for i, src := range in.Sources.pull {
 		state := names.StateSourceInvalid
 		if src.valid() {
-			var usable bool
-			if state, usable = planCopy(in, src, p); usable {
-				tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
+			var ok bool
+			if state, ok = planCopy(in, src, p); ok {
+				if usable == i {
+					usable++
+				} else {
+					tc.PullSecrets = append(tc.PullSecrets, src.name.Name)
+				}
 			}
 		}
 		pullStates = append(pullStates, state)
+	}
+	// The names of the first usable sources are the shared list's start; the rest were appended.
+	if usable > 0 {
+		tc.PullSecrets = append(slices.Clip(in.Sources.pullNames[:usable]), tc.PullSecrets...)
 	}
 	if src := in.Sources.tls; src != nil && podtemplate.Autoscaling(in.Cluster) {
 		tlsState = names.StateSourceInvalid
@@ -102,16 +113,18 @@ func podTemplateConfig(in *ClusterInput, p *ClusterPlan) (tc podtemplate.Config,
 
 // planPods recycles never-started pods that lack raysync's entries and reports started ones.
 func planPods(in *ClusterInput, tc podtemplate.Config, autoscaling, recycle bool, p *ClusterPlan) {
-	stale := map[string][]string{}
+	var stale [len(staleReasons)][]string // started pods' names, by what they lack
 	for _, pod := range in.Pods {
 		missing := podMissing(pod, tc, autoscaling)
-		if len(missing) == 0 || pod.DeletionTimestamp != nil {
+		if missing == 0 || pod.DeletionTimestamp != nil {
 			continue
 		}
 		if podStarted(pod) {
-			for _, m := range missing {
-				p.Status.StalePods[m]++
-				stale[m] = append(stale[m], pod.Name)
+			for i, reason := range staleReasons {
+				if missing.has(i) {
+					p.Status.StalePods[reason]++
+					stale[i] = append(stale[i], pod.Name)
+				}
 			}
 			continue
 		}
@@ -124,13 +137,16 @@ func planPods(in *ClusterInput, tc podtemplate.Config, autoscaling, recycle bool
 			}
 			continue
 		}
-		p.Actions = append(p.Actions, DeletePod{Pod: pod, Missing: missing})
+		p.Actions = append(p.Actions, DeletePod{Pod: pod, Missing: missing.reasons()})
 		p.event(in, corev1.EventTypeNormal, names.ReasonPodRecycled, fmt.Sprintf(
-			"deleted pending pod %s (missing %s, containers never started) so KubeRay recreates it from the fixed template", pod.Name, strings.Join(missing, ", ")))
+			"deleted pending pod %s (missing %s, containers never started) so KubeRay recreates it from the fixed template", pod.Name, strings.Join(missing.reasons(), ", ")))
 	}
-	for _, reason := range []string{names.StalePullSecret, names.StaleAutoscalerTLS} {
-		pods := stale[reason]
-		key, list := names.ReasonStalePodConfig+"/"+reason, strings.Join(pods, ",")
+	if in.reportOnly {
+		return
+	}
+	for i, reason := range staleReasons {
+		pods := stale[i]
+		key, list := staleEventKeys[i], strings.Join(pods, ",")
 		if len(pods) == 0 || in.Memory.warned[key] == list {
 			continue
 		}
@@ -147,17 +163,41 @@ func planPods(in *ClusterInput, tc podtemplate.Config, autoscaling, recycle bool
 	}
 }
 
-// podMissing lists what a Ray pod lacks of raysync's entries: names.StalePullSecret and/or names.StaleAutoscalerTLS.
-func podMissing(p *corev1.Pod, tc podtemplate.Config, autoscaling bool) []string {
-	var missing []string
+// staleReasons are what a Ray pod can lack, in the order events and DeletePod.Missing name them;
+// staleEventKeys their Events' dedup keys.
+var (
+	staleReasons   = [...]string{names.StalePullSecret, names.StaleAutoscalerTLS}
+	staleEventKeys = [...]string{names.ReasonStalePodConfig + "/" + names.StalePullSecret, names.ReasonStalePodConfig + "/" + names.StaleAutoscalerTLS}
+)
+
+// missingEntries is a set of staleReasons, by index (a bit set: a pod checked on every scrape
+// allocates nothing for it).
+type missingEntries uint8
+
+func (m missingEntries) has(i int) bool { return m&(1<<i) != 0 }
+
+// reasons lists the set as names.StalePullSecret / names.StaleAutoscalerTLS.
+func (m missingEntries) reasons() []string {
+	var out []string
+	for i, r := range staleReasons {
+		if m.has(i) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// podMissing is what a Ray pod lacks of raysync's entries.
+func podMissing(p *corev1.Pod, tc podtemplate.Config, autoscaling bool) missingEntries {
+	var missing missingEntries
 	for _, n := range tc.PullSecrets {
 		if !slices.ContainsFunc(p.Spec.ImagePullSecrets, func(r corev1.LocalObjectReference) bool { return r.Name == n }) {
-			missing = append(missing, names.StalePullSecret)
+			missing |= 1 << 0
 			break
 		}
 	}
 	if tc.TLS != nil && autoscaling && slices.ContainsFunc(p.Spec.Containers, isAutoscaler) && !podtemplate.PodHasTLS(p, tc.TLS) {
-		missing = append(missing, names.StaleAutoscalerTLS)
+		missing |= 1 << 1
 	}
 	return missing
 }
@@ -180,6 +220,17 @@ func anyStarted(pods []*corev1.Pod) bool { return slices.ContainsFunc(pods, podS
 // controlledBy reports whether the pod's controller is the RayCluster with this UID: raysync deletes
 // only pods KubeRay created for that very cluster (a label is not ownership).
 func controlledBy(p *corev1.Pod, uid types.UID) bool {
-	owner := metav1.GetControllerOf(p)
-	return owner != nil && owner.UID == uid
+	owner, ok := controllerUID(p.OwnerReferences)
+	return ok && owner == uid
+}
+
+// controllerUID is the UID of the controller among refs (ok false: none), as metav1.GetControllerOf
+// finds it, without the copy that allocates.
+func controllerUID(refs []metav1.OwnerReference) (uid types.UID, ok bool) {
+	for i := range refs {
+		if c := refs[i].Controller; c != nil && *c {
+			return refs[i].UID, true
+		}
+	}
+	return "", false
 }

@@ -195,7 +195,11 @@ func startedAt(obj *unstructured.Unstructured) time.Time {
 	if obj == nil {
 		return time.Time{}
 	}
-	t, _ := time.Parse(time.RFC3339, metaString(obj, "annotations", names.RotationStartedAnnotation))
+	v := metaString(obj, "annotations", names.RotationStartedAnnotation)
+	if v == "" {
+		return time.Time{} // no rotation in flight: parsing "" would allocate an error each scrape
+	}
+	t, _ := time.Parse(time.RFC3339, v)
 	return t
 }
 

@@ -47,9 +47,9 @@ func target(s *corev1.Secret) func(*ClusterInput) { return func(in *ClusterInput
 
 func copies(ss ...*corev1.Secret) func(*ClusterInput) {
 	return func(in *ClusterInput) {
-		in.Copies = map[string]*corev1.Secret{}
+		in.Copies = nil
 		for _, s := range ss {
-			in.Copies[s.Name] = s
+			in.setCopy(s)
 		}
 	}
 }

@@ -73,7 +73,7 @@ func planToken(in *ClusterInput, cfg Config, p *ClusterPlan) *tokenFacts {
 	f := tokenFactsOf(in, cfg, t)
 	c := classifyTokenTarget(f)
 	p.TokenCase = string(c)
-	if p.actOnToken(f, c) {
+	if p.actOnToken(f, c, cfg) {
 		return f
 	}
 	return nil
@@ -114,11 +114,15 @@ const (
 
 // tokenFacts is what the token checks read about one cluster's target.
 type tokenFacts struct {
-	in  *ClusterInput
-	cfg Config
-	t   TokenTarget
-	src source
-	cur *corev1.Secret // the target as cached; nil when absent
+	in *ClusterInput
+	// source, noPrecreate and ledger are what the checks read of the Config (not a copy of it: the
+	// facts are built for every cluster on every scrape).
+	source      types.NamespacedName
+	noPrecreate bool
+	ledger      bool
+	t           TokenTarget
+	src         *source        // the token source, shared by every cluster of a scrape (read only)
+	cur         *corev1.Secret // the target as cached; nil when absent
 	// readers are every pod that reads the target: this cluster's, and those of other clusters naming it.
 	readers []*corev1.Pod
 	// started: a container of a reader has started. onCurrent: every one that started can only hold
@@ -132,7 +136,8 @@ type tokenFacts struct {
 }
 
 func tokenFactsOf(in *ClusterInput, cfg Config, t TokenTarget) *tokenFacts {
-	f := &tokenFacts{in: in, cfg: cfg, t: t, src: in.Sources.token, cur: in.Target, readers: in.Pods}
+	f := &tokenFacts{in: in, source: cfg.Source, noPrecreate: cfg.NoPrecreate, ledger: cfg.Ledger.Name != "", t: t,
+		src: &in.Sources.token, cur: in.Target, readers: in.Pods}
 	if len(in.Readers) > 0 {
 		f.readers = append(slices.Clip(in.Pods), in.Readers...)
 	}
@@ -194,7 +199,7 @@ func deletedUnderUnknownToken(f *tokenFacts) bool { return f.cur == nil && f.sta
 
 // kubeRayCreatesIt: the admission webhook gives it the token; else raysync writes it as it arrives.
 func kubeRayCreatesIt(f *tokenFacts) bool {
-	return f.cur == nil && f.t.Mode == Generated && f.cfg.NoPrecreate && !f.started
+	return f.cur == nil && f.t.Mode == Generated && f.noPrecreate && !f.started
 }
 
 // absent: a new cluster, or one whose containers hold the current token, as its record says (its
@@ -206,7 +211,7 @@ func notOurs(f *tokenFacts) bool { return f.cur != nil && !ownsTokenTarget(f.t, 
 // holdsTokenForEarlierSource: a copy of an earlier source already holding the token: only raysync's
 // annotations change.
 func holdsTokenForEarlierSource(f *tokenFacts) bool {
-	return holdsCurrentToken(f) && f.t.Mode == Referenced && !copyMetaCurrent(f.cur, f.cfg.Source, names.KindAuthToken)
+	return holdsCurrentToken(f) && f.t.Mode == Referenced && !copyMetaCurrent(f.cur, f.source, names.KindAuthToken)
 }
 
 func holdsCurrentToken(f *tokenFacts) bool { return f.cur != nil && holdsToken(f.cur, f.src.value) }
@@ -248,8 +253,8 @@ var tokenStates = map[tokenCase]string{
 
 // actOnToken plans what case c of the token target means: its writes and Events, its state, and
 // where the cluster stands. It returns false when raysync leaves the target alone altogether.
-func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase) bool {
-	in, cfg, t, cur, token := f.in, f.cfg, f.t, f.cur, f.src.value
+func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase, cfg Config) bool {
+	in, t, cur, token := f.in, f.t, f.cur, f.src.value
 	p.Status.Token = tokenStates[c]
 	switch c {
 	case tokenSourceInvalid:
@@ -423,8 +428,8 @@ func projectedMessage(source types.NamespacedName) string {
 // raysync-managed copy of a token, whichever source it was copied from.
 func ownsTokenTarget(t TokenTarget, rc *unstructured.Unstructured, secret *corev1.Secret) bool {
 	if t.Mode == Generated {
-		owner := metav1.GetControllerOf(secret)
-		return owner != nil && owner.UID == rc.GetUID()
+		uid, ok := controllerUID(secret.OwnerReferences)
+		return ok && uid == rc.GetUID()
 	}
 	return managedCopyOf(secret, names.KindAuthToken)
 }

@@ -31,6 +31,9 @@ type tokenRecord struct {
 }
 
 func (r tokenRecord) at() time.Time {
+	if r.writtenAt == "" {
+		return time.Time{} // most clusters carry no record: parsing "" would allocate an error each scrape
+	}
 	t, _ := time.Parse(time.RFC3339Nano, r.writtenAt)
 	return t
 }
@@ -74,6 +77,9 @@ func markedRecord(s *corev1.Secret, src *sourceView) (r tokenRecord, ok bool) {
 // ledger's, and a ledger started again (deleted) numbers from 1 anew: a record written before the
 // rotation of that number was first seen names an earlier ledger's, and says nothing.
 func (r tokenRecord) holdsDigest(src *sourceView, digest string) bool {
+	if r.rotation == "" {
+		return false
+	}
 	id, err := strconv.Atoi(r.rotation)
 	if err != nil || id == 0 || r.at().IsZero() {
 		return false
@@ -136,16 +142,26 @@ func recordedOnCurrent(in *ClusterInput, readers []*corev1.Pod, target *corev1.S
 
 // recordToken plans the RayCluster's record after this plan's token writes: it follows raysync's mark
 // on the target (a Secret without one leaves it as it is), and only with a ledger to number tokens.
+// A write that delivers the canonical token is recorded on the next pass, which the write's own watch
+// event brings: a rotation then writes every target before any RayCluster's record, instead of making
+// each target wait behind the record patches of the clusters before it (issue 28: the patches doubled
+// a 1,000-target fan-out's writes on its critical path).
 func (p *ClusterPlan) recordToken(f *tokenFacts) {
-	if f.cfg.Ledger.Name == "" || f.t.IsSource {
+	if !f.ledger || f.t.IsSource {
 		return
 	}
 	s := f.cur
 	for _, a := range p.Actions {
 		switch a := a.(type) {
 		case CreateSecret:
+			if a.Propagates {
+				return
+			}
 			s = a.Secret
 		case UpdateSecret:
+			if a.Propagates {
+				return
+			}
 			s = a.Secret
 		}
 	}

@@ -127,14 +127,21 @@ func TestTokenRecordOnTheRayCluster(t *testing.T) {
 			},
 			wantState: names.StateMissing,
 		},
-		"a new cluster: its Secret is created, then the RayCluster records rotation 7": {
+		"a new cluster: its Secret is created; the record follows on the next pass (below)": {
 			rc: rayCluster("c1"),
 			want: func(rc *unstructured.Unstructured) []Action {
 				return []Action{CreateSecret{Secret: desiredGeneratedSecret(rc, "c1", []byte(token), tokenSrc, bornAt(planNow)), Propagates: true},
-					normal(rc, names.ReasonTokenProjected, "auth Secret now holds the canonical token from raysync-system/ray-token"),
-					recordPatch(rc, "7", bornAt(planNow))}
+					normal(rc, names.ReasonTokenProjected, "auth Secret now holds the canonical token from raysync-system/ray-token")}
 			},
 			wantState: names.StateOutOfSync,
+		},
+		"the next pass, the created Secret cached: the RayCluster records rotation 7": {
+			rc:   rayCluster("c1"),
+			opts: []func(*ClusterInput){target(secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"), marked(token, bornAt(planNow))))},
+			want: func(rc *unstructured.Unstructured) []Action {
+				return []Action{recordPatch(rc, "7", bornAt(planNow))}
+			},
+			wantState: names.StateInSync,
 		},
 		"raysync's Secret holds rotation 7, the cluster has no record yet: recorded from the mark": {
 			rc:   rayCluster("c1"),
@@ -199,12 +206,14 @@ func mustJSON(v any) []byte {
 func TestTokenRecordAfterTheTemplatePatch(t *testing.T) {
 	cfg := Config{Source: tokenSrc, Ledger: types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "raysync-rotations"},
 		Pods: PodOptions{PullSecrets: []types.NamespacedName{pullSource}}}.withDefaults()
-	in := input(cfg, templatedCluster("c1"), []*corev1.Secret{sourceSecret(token), pullSecretSource()}, copies(pullCopy()), withLedger)
+	written := rotated.FirstSeen.Add(10 * time.Minute)
+	in := input(cfg, templatedCluster("c1"), []*corev1.Secret{sourceSecret(token), pullSecretSource()}, copies(pullCopy()), withLedger,
+		target(secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"), marked(token, written))))
 	var got []string
 	for _, a := range planCluster(in, cfg).Actions {
 		got = append(got, fmt.Sprintf("%T", a))
 	}
-	want := []string{"projection.CreateSecret", "projection.RecordEvent", "projection.PatchCluster", "projection.RecordEvent", "projection.RecordToken"}
+	want := []string{"projection.PatchCluster", "projection.RecordEvent", "projection.RecordToken"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("actions %v, want %v", got, want)
 	}

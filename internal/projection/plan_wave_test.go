@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -420,5 +421,39 @@ func TestWaveResumesAClusterItLetGo(t *testing.T) {
 	}
 	if v := testutilValue(h.metrics.RotationsAbandoned.WithLabelValues(names.AbandonUnmanaged)); v != 1 {
 		t.Errorf("raysync_rotations_abandoned_total{reason=unmanaged} = %v", v)
+	}
+}
+
+// A RayService's cluster is only ever replaced, never restarted: whatever its policy (a restart falls
+// back to hold: KubeRay's RayService puts spec.suspend back) and on request too. So a blocked rotation
+// of kind RayService is a replacement (the old cluster serves) and one of kind RayCluster or RayJob a
+// restart (the cluster is down): RaysyncRotationBlocked's severity by kind is exact, and
+// raysync_rotation_clusters needs no action label to tell them apart.
+func TestARayServicesClusterIsOnlyEverReplaced(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Rotation: RotationOptions{MaxConcurrent: 5, Timeout: time.Hour}}.withDefaults()
+	for _, policy := range []string{"", names.PolicyReplace, names.PolicyRestart, names.PolicyHold, names.PolicyGateway} {
+		for _, requested := range []bool{false, true} {
+			opts := []func(*unstructured.Unstructured){ofRayService("svc")}
+			if policy != "" {
+				opts = append(opts, annotated(names.RotationAnnotation, policy))
+			}
+			if requested {
+				opts = append(opts, annotated(names.RotateAnnotation, "now"))
+			}
+			v := view(t, cfg, rayCluster("svc-x7k2p", opts...), false, owner(rayService("svc")))
+			var starts []string
+			for _, a := range kinds(planWave([]clusterView{v}, cfg, planNow, nil).Actions) {
+				if strings.HasPrefix(a, "start ") {
+					starts = append(starts, a)
+				}
+			}
+			moves := requested || policy == "" || policy == names.PolicyReplace
+			if want := []string{"start RayService svc"}; (moves && !slices.Equal(starts, want)) || (!moves && len(starts) > 0) {
+				t.Errorf("policy %q, requested %v: %q; want a replacement of RayService svc (only if it moves)", policy, requested, starts)
+			}
+			if r := v.plan.Status.Rotation; r.Policy == names.PolicyRestart || (r.Move != "" && r.Move != names.PolicyReplace) {
+				t.Errorf("policy %q, requested %v: policy %s, move %s", policy, requested, r.Policy, r.Move)
+			}
+		}
 	}
 }

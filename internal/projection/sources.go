@@ -22,7 +22,9 @@ import (
 type sourceView struct {
 	token source
 	pull  []source
-	tls   *source // nil when no client certificate is configured
+	// pullNames are the pull sources' names, shared (read only) by every cluster whose copies are all usable.
+	pullNames []string
+	tls       *source // nil when no client certificate is configured
 	// ledger numbers the canonical tokens; rotation is the current token's (zero until the ledger has it).
 	ledger   ledger.Ledger
 	rotation ledger.Rotation
@@ -53,6 +55,11 @@ func (s source) valid() bool { return s.err == nil }
 
 // readSources validates every configured source as get returns it (nil: missing) at time now.
 func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now time.Time) *sourceView {
+	return readSourcesWith(cfg, get, now, nil)
+}
+
+// readSourcesWith is readSources reusing what parsed remembers (nil: parse everything).
+func readSourcesWith(cfg Config, get func(types.NamespacedName) *corev1.Secret, now time.Time, parsed *sourceParses) *sourceView {
 	v := &sourceView{token: source{name: cfg.Source, kind: names.KindAuthToken, secret: get(cfg.Source)}}
 	v.token.value, v.token.err = validate.Token(v.token.secret, cfg.SourceKey)
 	if v.token.valid() {
@@ -60,7 +67,7 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 	}
 	if cfg.Ledger.Name != "" {
 		v.ledgerSecret = get(cfg.Ledger)
-		v.ledger, v.ledgerErr = ledger.Read(v.ledgerSecret)
+		v.ledger, v.ledgerErr = parsed.ledger(v.ledgerSecret)
 		v.rotation, _ = v.ledger.Current(v.token.digest)
 		if v.ledgerSecret != nil && v.ledgerErr == nil {
 			v.previousRevoked, _ = strconv.Atoi(v.ledgerSecret.Annotations[names.PreviousRevokedAnnotation])
@@ -75,14 +82,64 @@ func readSources(cfg Config, get func(types.NamespacedName) *corev1.Secret, now 
 		s := source{name: n, kind: names.KindPullSecret, secret: get(n)}
 		s.err = validate.PullSecret(s.secret)
 		v.pull = append(v.pull, s)
+		v.pullNames = append(v.pullNames, n.Name)
 	}
+	v.pullNames = slices.Clip(v.pullNames)
 	if n := cfg.Pods.AutoscalerTLS; n != nil {
 		s := source{name: *n, kind: names.KindAutoscalerTLS, secret: get(*n)}
-		s.cert, s.err = validate.AutoscalerTLS(s.secret, now)
+		s.cert, s.err = parsed.tls(*n, s.secret).At(now)
 		s.template = podtemplate.TLS{SecretName: n.Name, MountPath: cfg.Pods.MountPath, HasCA: s.cert.HasCA, APIServer: cfg.Pods.APIServer}.Prepared()
 		v.tls = &s
 	}
 	return v
+}
+
+// sourceParses remembers what parsing the ledger and the client certificate gave, by the cached
+// object: the caches never change an object (a new version is a new object), so a scrape parses a key
+// pair or the ledger's JSON only when it changed, not once per scrape. Its methods work on nil (no memory).
+type sourceParses struct {
+	mu         sync.Mutex
+	tlsOf      map[types.NamespacedName]parsedTLS
+	ledgerOf   *corev1.Secret
+	ledgerWas  ledger.Ledger
+	ledgerErr  error
+	ledgerSeen bool
+}
+
+type parsedTLS struct {
+	secret *corev1.Secret
+	parsed validate.ParsedTLS
+}
+
+func (m *sourceParses) tls(n types.NamespacedName, s *corev1.Secret) validate.ParsedTLS {
+	if m == nil {
+		return validate.ParseAutoscalerTLS(s)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.tlsOf[n]; ok && p.secret == s {
+		return p.parsed
+	}
+	p := validate.ParseAutoscalerTLS(s)
+	if m.tlsOf == nil {
+		m.tlsOf = map[types.NamespacedName]parsedTLS{}
+	}
+	m.tlsOf[n] = parsedTLS{secret: s, parsed: p}
+	return p
+}
+
+// ledger is ledger.Read(s); the Ledger returned is shared, and every change of it makes a copy (Observed).
+func (m *sourceParses) ledger(s *corev1.Secret) (ledger.Ledger, error) {
+	if m == nil {
+		return ledger.Read(s)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.ledgerSeen || m.ledgerOf != s {
+		m.ledgerWas, m.ledgerErr = ledger.Read(s)
+		m.ledgerOf, m.ledgerSeen = s, true
+	}
+	return m.ledgerWas, m.ledgerErr
 }
 
 // all lists every source in flag order.

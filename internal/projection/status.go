@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -22,7 +23,8 @@ type Reporter struct {
 	now    func() time.Time
 
 	mu     sync.Mutex
-	drifts map[types.UID]driftMemo // the last scrape's template checks
+	drifts map[types.UID]*driftMemo // the template checks of the last scrape (scrape is its number)
+	scrape uint64
 }
 
 // driftMemo is one cluster's template check: templates only change with the cluster's
@@ -32,6 +34,7 @@ type driftMemo struct {
 	cfg             podtemplate.Config
 	drift           podtemplate.Missing
 	err             error
+	scrape          uint64 // the last scrape that used it
 }
 
 // NewReporter reports over caches without a controller (`syncer status`).
@@ -49,17 +52,21 @@ func (r *Reporter) Status() ([]metrics.SourceState, []ClusterStatus) {
 	}
 	clusters := r.gather.caches.RayClusters("")
 	out := make([]ClusterStatus, 0, len(clusters))
+	// One scrape at a time: the memo is updated in place rather than rebuilt (1,000 entries a scrape).
 	r.mu.Lock()
-	prev := r.drifts
-	r.mu.Unlock()
-	next := make(map[types.UID]driftMemo, len(clusters))
+	defer r.mu.Unlock()
+	if r.drifts == nil {
+		r.drifts = map[types.UID]*driftMemo{}
+	}
+	r.scrape++
 	memo := func(rc *unstructured.Unstructured, tc podtemplate.Config) (podtemplate.Missing, error) {
-		m, ok := prev[rc.GetUID()]
-		if !ok || m.resourceVersion != rc.GetResourceVersion() || !sameTemplateConfig(m.cfg, tc) {
-			m = driftMemo{resourceVersion: rc.GetResourceVersion(), cfg: tc}
+		m := r.drifts[rc.GetUID()]
+		if m == nil || m.resourceVersion != rc.GetResourceVersion() || !sameTemplateConfig(m.cfg, tc) {
+			m = &driftMemo{resourceVersion: rc.GetResourceVersion(), cfg: tc}
 			m.drift, m.err = podtemplate.Drift(rc, tc)
+			r.drifts[rc.GetUID()] = m
 		}
-		next[rc.GetUID()] = m
+		m.scrape = r.scrape
 		return m.drift, m.err
 	}
 	for _, rc := range clusters {
@@ -68,11 +75,11 @@ func (r *Reporter) Status() ([]metrics.SourceState, []ClusterStatus) {
 		}
 		in := r.gather.cluster(rc, sources, now)
 		in.drift = memo
+		in.reportOnly = true
 		out = append(out, planCluster(in, r.gather.cfg).Status)
 	}
-	r.mu.Lock()
-	r.drifts = next // only the clusters of this scrape: the memo never outgrows the caches
-	r.mu.Unlock()
+	// Only the clusters of this scrape stay: the memo never outgrows the caches.
+	maps.DeleteFunc(r.drifts, func(_ types.UID, m *driftMemo) bool { return m.scrape != r.scrape })
 	return states, out
 }
 
@@ -91,8 +98,20 @@ func sameTemplateConfig(a, b podtemplate.Config) bool {
 // Snapshot is Status in the shape of the scrape-time collector.
 func (r *Reporter) Snapshot() metrics.Snapshot {
 	sources, clusters := r.Status()
-	snap := metrics.Snapshot{Sources: sources, Targets: make([]metrics.TargetState, 0, 3*len(clusters)),
-		StalePods: make([]metrics.StalePods, 0, 3*len(clusters)), Rotations: make([]metrics.RotationState, 0, len(clusters)), Now: r.now()}
+	var targets, stale, rotations int // sized exactly: at 1,000 clusters these lists are most of a scrape's bytes
+	for _, st := range clusters {
+		for _, s := range [...]string{st.Token, st.PullSecret, st.AutoscalerTLS} {
+			if s != "" {
+				targets++
+			}
+		}
+		stale += len(st.StalePods)
+		if st.Rotation != nil {
+			rotations++
+		}
+	}
+	snap := metrics.Snapshot{Sources: sources, Targets: make([]metrics.TargetState, 0, targets),
+		StalePods: make([]metrics.StalePods, 0, stale), Rotations: make([]metrics.RotationState, 0, rotations), Now: r.now()}
 	for _, st := range clusters {
 		for _, t := range []struct {
 			kind  names.Kind

@@ -132,41 +132,74 @@ type Cert struct {
 // AutoscalerTLS checks that tls.crt and tls.key form a matching pair whose leaf certificate is
 // valid now, and that ca.crt (optional) holds at least one certificate.
 func AutoscalerTLS(s *corev1.Secret, now time.Time) (Cert, error) {
-	var out Cert
+	return ParseAutoscalerTLS(s).At(now)
+}
+
+// ParsedTLS is what AutoscalerTLS reads from a Secret before it looks at the clock: parsing a key
+// pair is the costly part, and a cached Secret's content never changes, so it can be kept.
+type ParsedTLS struct {
+	err                 error // the pair is unusable whatever the time
+	notBefore, notAfter time.Time
+	caErr               error
+	hasCA               bool
+}
+
+// ParseAutoscalerTLS parses s's certificate, key and CA bundle (s nil: the Secret does not exist).
+func ParseAutoscalerTLS(s *corev1.Secret) ParsedTLS {
+	var out ParsedTLS
 	if s == nil {
-		return out, invalid("Secret does not exist")
+		out.err = invalid("Secret does not exist")
+		return out
 	}
 	crt, hasCrt := s.Data[TLSCertKey]
 	key, hasKey := s.Data[TLSKeyKey]
 	switch {
 	case !hasCrt && !hasKey:
-		return out, invalid("keys %q and %q missing", TLSCertKey, TLSKeyKey)
+		out.err = invalid("keys %q and %q missing", TLSCertKey, TLSKeyKey)
 	case !hasCrt:
-		return out, invalid("key %q missing (a key without its certificate)", TLSCertKey)
+		out.err = invalid("key %q missing (a key without its certificate)", TLSCertKey)
 	case !hasKey:
-		return out, invalid("key %q missing (a certificate without its key)", TLSKeyKey)
+		out.err = invalid("key %q missing (a certificate without its key)", TLSKeyKey)
+	}
+	if out.err != nil {
+		return out
 	}
 	pair, err := tls.X509KeyPair(crt, key)
 	if err != nil {
-		return out, invalid("%q and %q are not a matching PEM certificate and key", TLSCertKey, TLSKeyKey)
+		out.err = invalid("%q and %q are not a matching PEM certificate and key", TLSCertKey, TLSKeyKey)
+		return out
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return out, invalid("%q does not parse as an X.509 certificate", TLSCertKey)
+		out.err = invalid("%q does not parse as an X.509 certificate", TLSCertKey)
+		return out
 	}
-	switch {
-	case now.Before(leaf.NotBefore):
-		return out, invalid("certificate is not valid before %s", leaf.NotBefore.UTC().Format(time.RFC3339))
-	case now.After(leaf.NotAfter):
-		return out, invalid("certificate expired at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
-	}
-	out.NotAfter = leaf.NotAfter
+	out.notBefore, out.notAfter = leaf.NotBefore, leaf.NotAfter
 	if ca, ok := s.Data[TLSCAKey]; ok {
+		out.hasCA = true
 		if !parsesAsCertificates(ca) {
-			return out, invalid("%q holds no parsable PEM certificate", TLSCAKey)
+			out.caErr = invalid("%q holds no parsable PEM certificate", TLSCAKey)
 		}
-		out.HasCA = true
 	}
+	return out
+}
+
+// At is AutoscalerTLS's answer at now.
+func (p ParsedTLS) At(now time.Time) (Cert, error) {
+	var out Cert
+	switch {
+	case p.err != nil:
+		return out, p.err
+	case now.Before(p.notBefore):
+		return out, invalid("certificate is not valid before %s", p.notBefore.UTC().Format(time.RFC3339))
+	case now.After(p.notAfter):
+		return out, invalid("certificate expired at %s", p.notAfter.UTC().Format(time.RFC3339))
+	}
+	out.NotAfter = p.notAfter
+	if p.caErr != nil {
+		return out, p.caErr
+	}
+	out.HasCA = p.hasCA
 	return out, nil
 }
 

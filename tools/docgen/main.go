@@ -1,5 +1,5 @@
 // Command docgen writes the reference pages that are generated from the code: the names raysync writes
-// (annotations, labels, Events), its metrics, and the chart's values (the docs page and the chart's
+// (annotations, labels, Events), its command line, its metrics, and the chart's values (the docs page and the chart's
 // README). `make docs-gen` runs it; its test fails when a committed page differs from what it generates.
 //
 // A new page is one entry in pages: a path and a function of the repository's root.
@@ -24,6 +24,7 @@ type page struct {
 }
 
 var pages = []page{
+	{"docs/reference/cli.md", cliPage},
 	{"docs/reference/annotations.md", annotationsPage},
 	{"docs/reference/events.md", eventsPage},
 	{"docs/reference/metric-list.md", metricsPage},

@@ -108,7 +108,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- list (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) | toJson -}}
 {{- end -}}
 {{/* fullname, not instanceName: the Secret 0.1.0 wrote stays the one a release uses whatever its name value. */}}
-{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.fullname" . }}-webhook-tls{{- end -}}
+{{/* Named after the install's name, as `syncer uninstall --name` derives them: <name>-webhook-tls and <name>. */}}
+{{- define "raysync.webhookCertSecret" -}}{{ include "raysync.instanceName" . }}-webhook-tls{{- end -}}
+{{- define "raysync.webhookConfiguration" -}}{{ include "raysync.instanceName" . }}{{- end -}}
 {{- define "raysync.webhookCertDir" -}}/etc/raysync/webhook-tls{{- end -}}
 {{/* raysync issues and rotates the serving certificate and keeps the caBundle itself unless cert-manager does. */}}
 {{- define "raysync.webhookSelfManaged" -}}

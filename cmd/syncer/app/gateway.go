@@ -1,9 +1,8 @@
-package main
+package app
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
@@ -49,11 +49,13 @@ type gatewayConfig struct {
 	logLevel      zapcore.Level
 }
 
-func gatewayFlagSet(c *gatewayConfig, table, level *string, getenv func(string) string) *flag.FlagSet {
-	fs := flag.NewFlagSet("syncer gateway", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+// gatewayFlags are the gateway's flag values validated into gatewayConfig.
+type gatewayFlags struct{ table, logLevel string }
+
+// addGatewayFlags defines `syncer gateway`'s flags on fs.
+func addGatewayFlags(fs *pflag.FlagSet, c *gatewayConfig, r *gatewayFlags, getenv func(string) string) {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
-	fs.StringVar(table, "table-secret", "", "Secret NAMESPACE/NAME the raysync controller publishes the gateway's table in (default $POD_NAMESPACE/raysync-gateway)")
+	fs.StringVar(&r.table, "table-secret", "", "Secret NAMESPACE/NAME the raysync controller publishes the gateway's table in (default $POD_NAMESPACE/raysync-gateway)")
 	fs.StringVar(&c.dashboardAddr, "dashboard-addr", ":8265", "address serving the Jobs API and dashboard (HTTP) for every cluster")
 	fs.StringVar(&c.clientAddr, "client-addr", ":10001", "address serving Ray Client (gRPC, HTTP/2 without TLS) for every cluster")
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address serving /metrics (\"0\" disables)")
@@ -68,66 +70,38 @@ func gatewayFlagSet(c *gatewayConfig, table, level *string, getenv func(string) 
 	fs.DurationVar(&c.limits.BodyTimeout, "body-timeout", d.BodyTimeout, "how long an authenticated client has to send a forwarded request's body (a job's package: up to 100 MiB)")
 	fs.DurationVar(&c.limits.IdleTimeout, "idle-timeout", d.IdleTimeout, "a client connection with nothing in flight is closed after this")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
-	fs.StringVar(level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	if ns := getenv("POD_NAMESPACE"); ns != "" {
-		*table = ns + "/raysync-gateway"
+		r.table = ns + "/raysync-gateway"
 	}
-	return fs
 }
 
-func parseGatewayFlags(args []string, getenv func(string) string) (*gatewayConfig, error) {
-	c := &gatewayConfig{}
-	var table, level string
-	fs := gatewayFlagSet(c, &table, &level, getenv)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
+func (c *gatewayConfig) validate(r *gatewayFlags) error {
+	if r.table == "" {
+		return errors.New("--table-secret is required (or set $POD_NAMESPACE)")
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if table == "" {
-		return nil, errors.New("--table-secret is required (or set $POD_NAMESPACE)")
-	}
-	n, err := parseNamespacedName("--table-secret", table)
+	n, err := parseNamespacedName("--table-secret", r.table)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.table = n
 	if c.logFormat != "json" && c.logFormat != "console" {
-		return nil, fmt.Errorf("--log-format %q: json or console", c.logFormat)
+		return fmt.Errorf("--log-format %q: json or console", c.logFormat)
 	}
-	if err := c.logLevel.Set(level); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
+	if err := c.logLevel.Set(r.logLevel); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
 	}
 	if c.drainDelay < 0 || c.drainTimeout < 0 {
-		return nil, errors.New("--drain-delay and --drain-timeout must not be negative")
+		return errors.New("--drain-delay and --drain-timeout must not be negative")
 	}
 	if l := c.limits; l.MaxConnections < 1 || l.HeaderTimeout <= 0 || l.BodyTimeout <= 0 || l.IdleTimeout <= 0 {
-		return nil, errors.New("--max-connections, --header-timeout, --body-timeout and --idle-timeout must be positive")
+		return errors.New("--max-connections, --header-timeout, --body-timeout and --idle-timeout must be positive")
 	}
-	return c, nil
+	return nil
 }
 
-func runGateway(args []string, stderr io.Writer) int {
-	cfg, err := parseGatewayFlags(args, os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stderr, `usage: syncer gateway [flags]
-
-Serves the Jobs API and dashboard (8265) and Ray Client (10001) of every token-auth RayService and
-RayCluster the raysync controller publishes a route for: clients address <name>-gw.<namespace> and
-present any live canonical token (current, previous within its grace period, or pending); the
-gateway forwards with the token the cluster runs on. It reads only the table Secret.
-
-`)
-		fs := gatewayFlagSet(&gatewayConfig{}, new(string), new(string), os.Getenv)
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "syncer gateway:", firstLine(err.Error()))
-		return 2
-	}
+// runGateway is `syncer gateway` with its validated flags: it serves until SIGTERM (exit 0) or fails (1).
+func runGateway(cfg *gatewayConfig, stderr io.Writer) int {
 	log, err := newLogger(&config{logFormat: cfg.logFormat, logLevel: cfg.logLevel})
 	if err != nil {
 		fmt.Fprintln(stderr, "syncer gateway:", err)

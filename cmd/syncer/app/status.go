@@ -1,15 +1,12 @@
-package main
+package app
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -45,16 +42,9 @@ type statusSource struct {
 
 // runStatus is `syncer status [-o table|json] <the syncer's flags>`: a read-only report of every
 // in-scope RayCluster, computed exactly as the controller computes its metrics.
-func runStatus(args []string, stdout, stderr io.Writer) int {
-	cfg, rest, err := parseCommand(statusCommand, withRunningFlags(args), os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		statusUsage(stdout)
-		return statusInSync
-	}
-	if err == nil && len(rest) > 0 {
-		err = fmt.Errorf("unexpected argument %q", rest[0])
-	}
-	if err == nil && cfg.output != "table" && cfg.output != "json" {
+func runStatus(cfg *config, stdout, stderr io.Writer) int {
+	var err error
+	if cfg.output != "table" && cfg.output != "json" {
 		err = fmt.Errorf("-o %q: want table or json", cfg.output)
 	}
 	var report *statusReport
@@ -78,38 +68,6 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		return statusInSync
 	}
 	return statusOutOfSync
-}
-
-// withRunningFlags puts, in front of a command's own arguments, the flags of the raysync running as
-// PID 1 of this container, when there is one (`kubectl exec deploy/raysync -- /syncer status`): the
-// command then sees what the controller sees. The command's own flags come after, and win.
-func withRunningFlags(args []string) []string {
-	self, err := os.Executable()
-	if err != nil || os.Getpid() == 1 {
-		return args
-	}
-	b, err := os.ReadFile("/proc/1/cmdline")
-	if err != nil {
-		return args
-	}
-	argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	if len(argv) < 2 {
-		return args
-	}
-	st1, err1 := os.Stat(argv[0])
-	st2, err2 := os.Stat(self)
-	if err1 != nil || err2 != nil || !os.SameFile(st1, st2) {
-		return args
-	}
-	var inherited []string
-	for _, a := range argv[1:] {
-		if strings.HasPrefix(a, "--leader-elect") || strings.HasPrefix(a, "--metrics-bind-address") || strings.HasPrefix(a, "--health-probe-bind-address") ||
-			strings.HasPrefix(a, "--webhook-") || strings.HasPrefix(a, "--dry-run") {
-			continue // what only the controller serves or does
-		}
-		inherited = append(inherited, a)
-	}
-	return append(inherited, args...)
 }
 
 func collectStatus(cfg *config) (*statusReport, error) {
@@ -158,21 +116,6 @@ func collectStatus(cfg *config) (*statusReport, error) {
 		report.InSync = report.InSync && c.InSync()
 	}
 	return report, nil
-}
-
-func statusUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [-n NAMESPACE] [flags]
-
-Reports, read-only and with your kubeconfig, whether every in-scope RayCluster is in sync: exit 0 in sync,
-1 not (a target out of sync, not owned, missing or with an invalid source; a stale pod; a cluster behind
-or blocked; a source invalid), 2 error. It takes the syncer's own flags: those that say what raysync
-manages matter here, and -n (raysync's namespace) with --name finds its rotation ledger. Run in raysync's
-own container (kubectl exec deploy/<release> -- /syncer status) it takes the running raysync's flags.
-
-`)
-	fs := flagSet(statusCommand, &config{}, &rawFlags{}, os.Getenv)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }
 
 // rotationColumn is a cluster's token rotation state: "current", or "behind 3h (hold)" and the like.

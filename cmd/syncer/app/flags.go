@@ -1,17 +1,15 @@
-package main
+package app
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
-	"os"
 	"path"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -89,16 +87,10 @@ type webhookConfig struct {
 	certValidity  time.Duration
 }
 
-// listFlag collects a repeatable flag.
-type listFlag []string
-
-func (l *listFlag) String() string     { return strings.Join(*l, ",") }
-func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
-
 // rawFlags are flag values validated into config.
 type rawFlags struct {
 	authSource, namespaces, logLevel string
-	pullSecrets                      listFlag
+	pullSecrets                      []string
 	autoscalerTLS, apiServer         string
 	ledger                           string
 	policyService, policyCluster     string
@@ -109,7 +101,7 @@ type rawFlags struct {
 	gatewayTable                     string
 }
 
-// Subcommands: every one takes the same flags (those that say what raysync manages matter to all),
+// The one-shot commands: each takes the syncer's flags that matter to it (all but controllerOnly's),
 // plus its own.
 const (
 	statusCommand    = "status"
@@ -117,43 +109,73 @@ const (
 	uninstallCommand = "uninstall"
 )
 
-func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *flag.FlagSet {
-	fs := flag.NewFlagSet("syncer", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	authSource, namespaces, logLevel := &r.authSource, &r.namespaces, &r.logLevel
-	switch cmd {
-	case statusCommand:
-		fs.StringVar(&c.output, "output", "table", "table or json")
-		fs.StringVar(&c.output, "o", "table", "short for --output")
-	case rotateCommand:
-		fs.BoolVar(&c.all, "all", false, "every cluster behind the current token (instead of naming some)")
-	case uninstallCommand:
-		fs.BoolVar(&c.yes, "yes", false, "do what it lists (without it: only list)")
-	}
-	fs.StringVar(&c.name, "name", "raysync", "this install's name: its Lease, rotation ledger (<name>-rotations), webhook certificate Secret (<name>-webhook-tls) and webhook configuration")
+// controllerOnly are the controller's flags that configure only what the controller serves or does:
+// its servers, leader election, workers, logs, the webhook, pruning. A one-shot command does not take
+// them (they would change nothing, and raysync never accepts and ignores a flag), but for those
+// listed with the flag.
+var controllerOnly = map[string][]string{
+	"leader-elect":                   nil,
+	"leader-election-lease-duration": {uninstallCommand}, // a Lease not renewed for twice that: raysync stopped
+	"leader-election-renew-deadline": nil,
+	"leader-election-retry-period":   nil,
+	"metrics-bind-address":           nil,
+	"health-probe-bind-address":      nil,
+	"drain-delay":                    nil,
+	"workers":                        nil,
+	"log-format":                     nil,
+	"log-level":                      nil,
+	"prune":                          nil,
+	"webhook-addr":                   nil,
+	"webhook-cert-dir":               nil,
+	"webhook-cert-secret":            {uninstallCommand}, // the certificate Secret it deletes
+	"webhook-configuration":          nil,
+	"webhook-dns-names":              nil,
+	"webhook-ips":                    nil,
+	"webhook-cert-validity":          nil,
+	"dry-run":                        {rotateCommand, revokeCommand, uninstallCommand}, // status writes nothing anyway
+}
+
+// takes says whether command ("" the controller) takes the syncer's flag.
+func takes(command, flag string) bool {
+	only, ok := controllerOnly[flag]
+	return command == "" || !ok || slices.Contains(only, command)
+}
+
+// addSyncerFlags defines on fs the syncer's flags that command ("" the controller) takes.
+func addSyncerFlags(fs *pflag.FlagSet, command string, c *config, r *rawFlags, getenv func(string) string) {
+	all := pflag.NewFlagSet("syncer", pflag.ContinueOnError)
+	defineSyncerFlags(all, c, r, getenv)
+	all.VisitAll(func(f *pflag.Flag) {
+		if takes(command, f.Name) {
+			fs.AddFlag(f)
+		}
+	})
+}
+
+func defineSyncerFlags(fs *pflag.FlagSet, c *config, r *rawFlags, getenv func(string) string) {
+	fs.StringVar(&c.name, "name", "raysync", "this install's name: its Lease, rotation ledger (<name>-rotations), webhook certificate Secret (<name>-webhook-tls) and webhook configuration; installs side by side in one namespace need different names (the chart passes its name value, by default its fullname)")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
-	fs.StringVar(authSource, "auth-source", "", "canonical token Secret, NAMESPACE/NAME (required)")
-	fs.StringVar(&c.authSourceKey, "auth-source-key", "auth_token", "data key of the token in the source Secret")
-	fs.StringVar(namespaces, "namespaces", "", "comma-separated namespaces to watch (or --all-namespaces)")
+	fs.StringVar(&r.authSource, "auth-source", "", "canonical token Secret, NAMESPACE/NAME (required)")
+	fs.StringVar(&c.authSourceKey, "auth-source-key", "auth_token", "data key of the token in the source Secret (external secret managers often write token)")
+	fs.StringVar(&r.namespaces, "namespaces", "", "comma-separated namespaces to watch (or --all-namespaces)")
 	fs.BoolVar(&c.allNamespaces, "all-namespaces", false, "watch RayClusters in every namespace")
 	fs.StringVar(&c.clusterSelector, "cluster-selector", "", "label selector limiting the RayClusters raysync manages")
 	fs.BoolVar(&c.leaderElect, "leader-elect", true, "run only while holding the Lease named --name")
 	fs.StringVar(&c.leaderElectionNS, "leader-election-namespace", getenv("POD_NAMESPACE"), "raysync's own namespace: its Lease, rotation ledger and webhook certificate (default $POD_NAMESPACE)")
-	fs.StringVar(&c.leaderElectionNS, "namespace", getenv("POD_NAMESPACE"), "the same as --leader-election-namespace")
-	fs.StringVar(&c.leaderElectionNS, "n", getenv("POD_NAMESPACE"), "short for --namespace")
+	fs.StringVarP(&c.leaderElectionNS, "namespace", "n", getenv("POD_NAMESPACE"), "the same as --leader-election-namespace")
 	fs.DurationVar(&c.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long standbys wait before taking over a Lease that is not renewed")
 	fs.DurationVar(&c.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it stops working")
 	fs.DurationVar(&c.retryPeriod, "leader-election-retry-period", 2*time.Second, "interval between leader-election attempts")
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address serving /metrics (\"0\" disables)")
-	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz (\"0\" disables)")
-	fs.DurationVar(&c.drainDelay, "drain-delay", 0, "on SIGTERM, how long /readyz answers 503 (and the webhook keeps answering) before raysync exits; /healthz and /metrics answer to the end")
+	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz, ready once the caches have synced and while the API server answers, standbys too (\"0\" disables)")
+	fs.DurationVar(&c.drainDelay, "drain-delay", 0, "on SIGTERM, how long /readyz answers 503 (and the webhook keeps answering) before raysync exits; the Lease is released at once, /healthz and /metrics answer to the end (the chart: drainDelay, 5s)")
 	fs.Float64Var(&c.qps, "kube-api-qps", 0, "client-side limit on API requests per second; 0 means none (API Priority and Fairness and --workers bound the load)")
 	fs.IntVar(&c.burst, "kube-api-burst", 0, "client-side burst when --kube-api-qps is set (default 2 x qps)")
 	fs.IntVar(&c.workers, "workers", 16, "concurrent reconciles")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
-	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.BoolVar(&c.dryRun, "dry-run", false, "compute and log every intended write; write nothing (rotate, revoke-previous, uninstall: say what they would do)")
-	fs.Var(&r.pullSecrets, "pull-secret", "registry Secret NAMESPACE/NAME every Ray pod lists in imagePullSecrets (repeatable)")
+	fs.StringVar(&r.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "compute and log every intended write and Event; write nothing (every API request but a read is refused inside the process, and no Lease is taken); rotate, revoke-previous and uninstall say what they would do")
+	fs.StringArrayVar(&r.pullSecrets, "pull-secret", nil, "registry Secret NAMESPACE/NAME every Ray pod lists in imagePullSecrets (repeatable)")
 	fs.StringVar(&r.autoscalerTLS, "autoscaler-tls-secret", "", "client certificate Secret NAMESPACE/NAME (tls.crt, tls.key, optional ca.crt) for Ray's autoscaler")
 	fs.StringVar(&r.apiServer, "autoscaler-api-server", "", "https://HOST[:PORT] the autoscaler uses to reach the Kubernetes API (optional)")
 	fs.StringVar(&c.tlsMountPath, "autoscaler-tls-mount-path", podtemplate.DefaultTLSMountPath, "where the autoscaler container mounts the client certificate")
@@ -161,79 +183,29 @@ func flagSet(cmd string, c *config, r *rawFlags, getenv func(string) string) *fl
 	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
 	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
 	fs.StringVar(&r.ledger, "rotation-ledger", "", "Secret NAMESPACE/NAME numbering the canonical tokens raysync has seen (default <raysync's namespace, else the source's>/<name>-rotations)")
-	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies[names.OwnerRayService], "how a RayService's running cluster moves to a new token: replace, restart or hold")
+	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies[names.OwnerRayService], "how a RayService's running cluster moves to a new token: replace, restart, hold or gateway (gateway: only with --gateway-table); the annotation raysync.dev/rotation on an object overrides")
 	fs.StringVar(&r.policyCluster, "rotation-policy-raycluster", projection.DefaultPolicies[""], "the same for a standalone RayCluster")
 	fs.StringVar(&r.policyJob, "rotation-policy-rayjob", projection.DefaultPolicies[names.OwnerRayJob], "the same for a RayJob's cluster (never while its job runs)")
 	fs.IntVar(&c.maxConcurrentRotation, "max-concurrent-rotations", projection.DefaultMaxConcurrentRotations, "replacements and restarts in flight at most")
 	fs.DurationVar(&c.rotationTimeout, "rotation-timeout", 30*time.Minute, "a replacement or restart not done by then blocks the wave (0: never)")
 	fs.BoolVar(&r.precreate, "precreate-auth-secrets", true, "create a new cluster's generated auth Secret with the canonical token before KubeRay does (false: leave it to KubeRay and the webhook)")
-	fs.StringVar(&c.webhook.addr, "webhook-addr", "", "address serving the mutating admission webhook over HTTPS, e.g. :9443 (\"\": no webhook)")
+	fs.StringVar(&c.webhook.addr, "webhook-addr", "", "address serving the mutating admission webhook over HTTPS, e.g. :9443 (\"\": no webhook; the chart: :9443)")
 	fs.StringVar(&r.webhookCertSecret, "webhook-cert-secret", "", "Secret NAMESPACE/NAME where raysync keeps the webhook's CA and serving certificate (default <raysync's namespace, else the source's>/<name>-webhook-tls)")
 	fs.StringVar(&c.webhook.certDir, "webhook-cert-dir", "", "serve tls.crt and tls.key from this directory (e.g. cert-manager's) instead of a certificate raysync issues")
 	fs.StringVar(&c.webhook.configuration, "webhook-configuration", "", "MutatingWebhookConfiguration whose caBundle raysync keeps current (default --name; \"-\": none)")
 	fs.StringVar(&r.webhookDNS, "webhook-dns-names", "", "comma-separated DNS names of the webhook's Service, for the certificate raysync issues")
 	fs.StringVar(&r.webhookIPs, "webhook-ips", "", "comma-separated IP addresses for the certificate raysync issues (a URL webhook, e.g. 127.0.0.1 in tests)")
 	fs.DurationVar(&c.webhook.certValidity, "webhook-cert-validity", 90*24*time.Hour, "lifetime of the serving certificate raysync issues (renewed a third of it ahead)")
-	fs.StringVar(&r.gatewayTable, "gateway-table", "", "publish the gateway's table into this Secret NAMESPACE/NAME (\"\": no gateway)")
+	fs.StringVar(&r.gatewayTable, "gateway-table", "", "publish the gateway's table into this Secret NAMESPACE/NAME (\"\": no gateway; the chart: <name>-gateway)")
 	fs.StringVar(&c.gateway.Service, "gateway-service", "", "the gateway Service's DNS name: every RayService and RayCluster gets an ExternalName Service <name>-gw pointing at it")
 	fs.DurationVar(&c.gateway.Grace, "gateway-grace", 24*time.Hour, "how long the previous canonical token is still accepted after a rotation (0: not at all)")
 	fs.StringVar(&c.gateway.PendingKey, "gateway-pending-key", "", "key of the canonical Secret holding the next token, accepted by the gateway before it becomes current")
-	return fs
-}
-
-// parseFlags parses and validates raysync's own command line (without the program name). Errors are
-// one line.
-func parseFlags(args []string, getenv func(string) string) (*config, error) {
-	c, rest, err := parseCommand("", args, getenv)
-	if err == nil && len(rest) > 0 {
-		err = fmt.Errorf("unexpected argument %q", rest[0])
-	}
-	return c, err
-}
-
-// parseCommand parses and validates a command's flags and returns its other arguments. Flags may come
-// before or after the arguments, as --flag=value or --flag value; "--" ends the flags.
-func parseCommand(cmd string, args []string, getenv func(string) string) (*config, []string, error) {
-	c := &config{}
-	var r rawFlags
-	fs := flagSet(cmd, c, &r, getenv)
-	var rest []string
-	if i := slices.Index(args, "--"); i >= 0 {
-		args, rest = args[:i], args[i+1:]
-	}
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, nil, err
-			}
-			return nil, nil, fmt.Errorf("%v", firstLine(err.Error()))
-		}
-		if args = fs.Args(); len(args) == 0 {
-			break
-		}
-		positional, args = append(positional, args[0]), args[1:]
-	}
-	if cmd != "" {
-		c.leaderElect = false // a one-shot command never leads
-		c.oneShot = true
-	}
-	if err := c.validate(&r); err != nil {
-		return nil, nil, err
-	}
-	if cmd == "" {
-		if err := c.noIneffectiveFlags(fs); err != nil {
-			return nil, nil, err
-		}
-	}
-	return c, append(positional, rest...), nil
 }
 
 // noIneffectiveFlags refuses a flag of the controller given a value (other than its default) that
 // would change nothing, because what it configures is off: raysync never accepts and ignores a flag.
-// (The one-shot commands take the controller's flags as they are, so that its command line gives the
-// same answer: there the controller's own settings are accepted and say nothing about the command.)
-func (c *config) noIneffectiveFlags(fs *flag.FlagSet) error {
+// (The one-shot commands do not take the controller's own flags at all: controllerOnly.)
+func (c *config) noIneffectiveFlags(fs *pflag.FlagSet) error {
 	webhookOff := c.webhook.addr == ""
 	certManager := c.webhook.certDir != ""
 	podsOff := len(c.pullSecrets) == 0 && c.autoscalerTLS == nil
@@ -257,7 +229,7 @@ func (c *config) noIneffectiveFlags(fs *flag.FlagSet) error {
 		"kube-api-burst":                 {c.qps == 0, "without --kube-api-qps"},
 	}
 	var err error
-	fs.Visit(func(f *flag.Flag) {
+	fs.Visit(func(f *pflag.Flag) {
 		if r, ok := rules[f.Name]; ok && r.off && f.Value.String() != f.DefValue && err == nil {
 			err = fmt.Errorf("--%s=%s has no effect %s: remove it (raysync never accepts and ignores a flag)", f.Name, f.Value, r.when)
 		}
@@ -477,25 +449,6 @@ func firstLine(s string) string {
 	return s
 }
 
-// usage prints the commands and flags for --help.
-func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: syncer --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
-       syncer status [-o table|json] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [flags]
-       syncer rotate (NAMESPACE/NAME... | --all <flags>)
-
-syncer gives every in-scope RayCluster the canonical token from one Secret, moves running clusters to a
-new token only as a whole (a replacement or a restart, paced across the fleet), and keeps pull secrets
-and the autoscaler's client certificate on Ray pods. "syncer status" reports, read-only, whether every
-cluster is in sync (exit 0 in sync, 1 not, 2 error); "syncer rotate" asks raysync to move clusters to
-the current token now. "syncer status --help" and "syncer rotate --help" list their options.
-
-flags:
-`)
-	fs := flagSet("", &config{}, &rawFlags{}, os.Getenv)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-}
-
 func (w *webhookConfig) parse(r *rawFlags, c *config) error {
 	switch w.configuration {
 	case "":
@@ -504,6 +457,11 @@ func (w *webhookConfig) parse(r *rawFlags, c *config) error {
 		w.configuration = ""
 	}
 	if w.addr == "" {
+		if c.oneShot && r.webhookCertSecret != "" { // uninstall: where the certificate Secret it deletes is
+			var err error
+			w.certSecret, err = parseNamespacedName("--webhook-cert-secret", r.webhookCertSecret)
+			return err
+		}
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(w.addr); err != nil {

@@ -1,12 +1,13 @@
-package main
+package app
 
 import (
-	"flag"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/raysync/raysync/internal/names"
@@ -182,30 +183,34 @@ func TestRotateResolvesWhatUsersName(t *testing.T) {
 	}
 }
 
-// TestREADMEDocumentsEveryFlag: the CLI reference (docs/reference/cli.md, until it is generated from
-// the flag sets) names every flag each command takes, so a flag added here without a line there fails.
+// TestREADMEDocumentsEveryFlag: the CLI reference (docs/reference/cli.md, generated from the command
+// tree by tools/docgen) names every command and every flag each command takes.
 func TestREADMEDocumentsEveryFlag(t *testing.T) {
-	b, err := os.ReadFile("../../docs/reference/cli.md")
+	b, err := os.ReadFile("../../../docs/reference/cli.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
-	for _, cmd := range []string{"", statusCommand, rotateCommand, uninstallCommand} {
-		flagSet(cmd, &config{}, &rawFlags{}, func(string) string { return "" }).VisitAll(func(f *flag.Flag) {
-			dashes := "--"
-			if len(f.Name) == 1 {
-				dashes = "-"
+	var visit func(cmd *cobra.Command)
+	visit = func(cmd *cobra.Command) {
+		if !strings.Contains(readme, "## "+cmd.CommandPath()+"\n") {
+			t.Errorf("the reference has no section for %s", cmd.CommandPath())
+		}
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if !strings.Contains(readme, "`--"+f.Name) {
+				t.Errorf("%s: the reference does not mention --%s", cmd.CommandPath(), f.Name)
 			}
-			if !strings.Contains(readme, "`"+dashes+f.Name) && !strings.Contains(readme, dashes+f.Name+" ") {
-				t.Errorf("syncer %s: the README does not mention %s%s", cmd, dashes, f.Name)
+			if f.Shorthand != "" && !strings.Contains(readme, "`-"+f.Shorthand+"`") {
+				t.Errorf("%s: the reference does not mention -%s", cmd.CommandPath(), f.Shorthand)
 			}
 		})
-	}
-	gatewayFlagSet(&gatewayConfig{}, new(string), new(string), func(string) string { return "" }).VisitAll(func(f *flag.Flag) {
-		if !strings.Contains(readme, "`--"+f.Name) {
-			t.Errorf("syncer gateway: the README does not mention --%s", f.Name)
+		for _, sub := range cmd.Commands() {
+			if sub.IsAvailableCommand() {
+				visit(sub)
+			}
 		}
-	})
+	}
+	visit(Command(func(string) string { return "" }))
 }
 
 func TestGatewayFlags(t *testing.T) {
@@ -225,5 +230,29 @@ func TestGatewayFlags(t *testing.T) {
 	}
 	if _, err := parseGatewayFlags(nil, func(string) string { return "" }); err == nil {
 		t.Error("no table Secret and no $POD_NAMESPACE accepted")
+	}
+}
+
+// In raysync's container a one-shot command inherits the running controller's flags that it takes
+// (in either form, --flag=value or --flag value), and none of the controller's own.
+func TestInheritedFlags(t *testing.T) {
+	argv := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--name=rel-raysync", "--workers=16", "--log-format=json",
+		"--leader-elect=true", "--leader-election-lease-duration=15s", "--dry-run=true", "--webhook-addr=:9443",
+		"--webhook-cert-secret=raysync/rel-raysync-webhook-tls", "--prune=true", "-n", "raysync", "--kubeconfig", "/k", "--leader-elect",
+		"--drain-delay", "5s", "--rotation-timeout=30m"}
+	common := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--name=rel-raysync", "-n", "raysync", "--kubeconfig", "/k", "--rotation-timeout=30m"}
+	for cmd, want := range map[string][]string{
+		statusCommand:    common,
+		rotateCommand:    common,
+		revokeCommand:    common,
+		uninstallCommand: {"--auth-source=raysync/ray-token", "--namespaces=ml", "--name=rel-raysync", "--leader-election-lease-duration=15s", "--webhook-cert-secret=raysync/rel-raysync-webhook-tls", "-n", "raysync", "--kubeconfig", "/k", "--rotation-timeout=30m"},
+	} {
+		got := InheritedFlags(cmd, argv)
+		if !slices.Equal(got, want) {
+			t.Errorf("syncer %s inherits %q, want %q", cmd, got, want)
+		}
+		if _, _, err := parseCommand(cmd, got, func(string) string { return "" }); err != nil {
+			t.Errorf("syncer %s with what it inherits: %v", cmd, err)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -259,7 +260,7 @@ current-context: c
 		if dry {
 			extra = append(extra, "--dry-run")
 		}
-		kube, err := kubeClient(commandConfig(t, statusCommand, extra...))
+		kube, err := kubeClient(commandConfig(t, uninstallCommand, extra...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -293,6 +294,7 @@ func TestOnlyTheControllerWatchesTheTable(t *testing.T) {
 	if w := c.informer(); w.Table.Name != "raysync-gateway" || w.Ledger.Name != "raysync-rotations" {
 		t.Errorf("the controller watches %+v", w)
 	}
+	args = slices.Delete(args, 2, 3) // a one-shot command never leads, and takes no --leader-elect
 	for _, cmd := range []string{statusCommand, rotateCommand, uninstallCommand, revokeCommand} {
 		c, _, err := parseCommand(cmd, append(args, "--all"), func(string) string { return "" })
 		if cmd != rotateCommand {

@@ -1,13 +1,10 @@
-package main
+package app
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -34,19 +31,8 @@ import (
 // pods would fail without it) and raysync's own objects (the rotation ledger, the webhook certificate
 // Secret, the Lease). It never touches what raysync does not own. Exit 0 done (or nothing to do), 1 when
 // something is left (raysync still running, copies still referenced), 2 error.
-func runUninstall(args []string, stdout, stderr io.Writer) int {
-	cfg, rest, err := parseCommand(uninstallCommand, args, os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		uninstallUsage(stdout)
-		return 0
-	}
-	if err == nil && len(rest) > 0 {
-		err = fmt.Errorf("unexpected argument %q", rest[0])
-	}
-	left := 0
-	if err == nil {
-		left, err = uninstall(cfg, stdout)
-	}
+func runUninstall(cfg *config, stdout, stderr io.Writer) int {
+	left, err := uninstall(cfg, stdout)
 	switch {
 	case err != nil:
 		fmt.Fprintln(stderr, "syncer uninstall:", firstLine(err.Error()))
@@ -337,22 +323,4 @@ func notRaysyncsLease(l *coordinationv1.Lease) string {
 		return ""
 	}
 	return fmt.Sprintf("not marked as raysync's (label %s=%s) and its holder is not a raysync replica: left as it is", names.ManagedByLabel, names.ManagedByValue)
-}
-
-func uninstallUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: syncer uninstall [--yes] --auth-source=NAMESPACE/NAME (--namespaces=a,b | --all-namespaces) [-n NAMESPACE] [--name NAME] [flags]
-
-After raysync is stopped (helm uninstall), lists what it leaves behind and, with --yes, removes it: it
-resumes the RayClusters raysync suspended to restart them, removes raysync's annotations from
-RayClusters and RayServices (not the RayService template's raysync.dev/rotation-id: removing it would
-start one more blue-green upgrade), deletes raysync's copies no RayCluster names (one that is still named
-is kept, with the reason) and raysync's own objects: the rotation ledger, the webhook's certificate
-Secret, the gateway's table and the Lease. It never touches a Secret or Lease raysync does not mark as its
-own. --dry-run lists, even with --yes. Exit 0 done or nothing to do, 1 something left (raysync still
-running, a copy still named, a Lease not raysync's), 2 error.
-
-`)
-	fs := flagSet(uninstallCommand, &config{}, &rawFlags{}, os.Getenv)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }

@@ -1,8 +1,11 @@
-package main
+package app
 
 import (
+	"bytes"
+	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -70,8 +73,8 @@ func TestParseFlags(t *testing.T) {
 		"zero workers":                    {args: append(base, "--workers=0"), wantErr: "--workers"},
 		"bad log format":                  {args: append(base, "--log-format=xml"), wantErr: "--log-format"},
 		"bad log level":                   {args: append(base, "--log-level=loud"), wantErr: "--log-level"},
-		"unknown flag":                    {args: append(base, "--frobnicate"), wantErr: "flag provided but not defined"},
-		"not a number":                    {args: append(base, "--workers=many"), wantErr: "invalid value"},
+		"unknown flag":                    {args: append(base, "--frobnicate"), wantErr: "unknown flag: --frobnicate"},
+		"not a number":                    {args: append(base, "--workers=many"), wantErr: `invalid argument "many" for "--workers" flag`},
 		"pod features": {args: append(base, "--pull-secret=p/regcred", "--pull-secret=p/other", "--autoscaler-tls-secret=p/tls",
 			"--autoscaler-api-server=https://proxy:6443", "--recycle-pending-pods=false", "--prune=false"), check: func(t *testing.T, c *config) {
 			if len(c.pullSecrets) != 2 || c.autoscalerTLS == nil || c.apiServer == nil || c.apiServer.Port != 6443 || c.recyclePending || c.prune ||
@@ -120,11 +123,6 @@ func TestParseFlags(t *testing.T) {
 		"a burst without a rate":               {args: append(base, "--kube-api-burst=10"), wantErr: "--kube-api-burst=10 has no effect without --kube-api-qps"},
 		"defaults given explicitly change nothing: accepted": {args: append(base, "--recycle-pending-pods=true", "--allow-recreate=false", "--kube-api-burst=0",
 			"--autoscaler-tls-mount-path=/etc/raysync/autoscaler-tls", "--leader-election-retry-period=2s", "--gateway-grace=24h"), check: func(t *testing.T, c *config) {}},
-		"the one-shot commands take the controller's flags as they are": {args: base, check: func(t *testing.T, c *config) {
-			if _, _, err := parseCommand(statusCommand, append(base, "--leader-election-lease-duration=30s", "--webhook-dns-names=a.b"), func(string) string { return "" }); err != nil {
-				t.Error(err)
-			}
-		}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -147,14 +145,68 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-// FuzzParseFlags: no input panics, and every error is one line.
+// FuzzParseFlags: no command line panics or runs anything, and every error is one line on stderr
+// with exit 2 (through Main, as the binary runs; each command's validated configuration is caught
+// instead of run). The first argument may name a command.
 func FuzzParseFlags(f *testing.F) {
 	f.Add("--auth-source=a/b", "--namespaces=x,y", "--cluster-selector=a=b")
 	f.Add("--auth-source=/", "--all-namespaces", "--workers=-3")
+	f.Add("status", "--auth-source=a/b", "-o=json")
+	f.Add("rotate", "x/y", "--all")
 	f.Fuzz(func(t *testing.T, a, b, c string) {
-		_, err := parseFlags([]string{a, b, c, "--leader-elect=false"}, func(string) string { return "" })
-		if err != nil && strings.Contains(err.Error(), "\n") {
-			t.Fatalf("multi-line error: %q", err)
+		var stderr bytes.Buffer
+		x := &cli{getenv: func(string) string { return "" }, stdout: io.Discard, stderr: &stderr, parsed: func(string, any, []string) {}}
+		root := x.command()
+		root.SetArgs([]string{a, b, c, "--leader-elect=false"})
+		cmd, err := root.ExecuteC()
+		if code := x.exit(cmd, err); code != 0 && (code != 2 || strings.Count(stderr.String(), "\n") != 1) {
+			t.Fatalf("exit %d, stderr %q", code, stderr.String())
+		}
+		if err != nil && !strings.HasPrefix(stderr.String(), "syncer") {
+			t.Fatalf("error not named after its command: %q", stderr.String())
 		}
 	})
+}
+
+// A one-shot command refuses a flag that configures only the controller (its servers, leader election,
+// workers, logs, webhook, pruning): it would change nothing, and raysync never accepts and ignores a
+// flag. The flags that say what raysync manages, where its objects are and how to reach the API are
+// taken; uninstall also takes the Lease duration (a Lease not renewed for twice that: raysync stopped)
+// and the webhook certificate Secret (which it deletes).
+func TestOneShotCommandsRefuseControllerOnlyFlags(t *testing.T) {
+	scope := []string{"--auth-source=raysync/ray-token", "--namespaces=ml", "-n", "raysync"}
+	env := func(string) string { return "" }
+	refused := []string{"--workers=4", "--leader-elect=true", "--leader-election-renew-deadline=5s", "--leader-election-retry-period=1s",
+		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091", "--drain-delay=5s", "--log-format=console", "--log-level=debug",
+		"--prune=false", "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-configuration=x", "--webhook-dns-names=a.b",
+		"--webhook-ips=127.0.0.1", "--webhook-cert-validity=48h"}
+	for _, cmd := range []string{statusCommand, rotateCommand, uninstallCommand, revokeCommand} {
+		for _, flag := range refused {
+			if _, _, err := parseCommand(cmd, append(scope, flag), env); err == nil || !strings.Contains(err.Error(), "is a flag of the controller that syncer "+cmd+" does not take") {
+				t.Errorf("syncer %s %s: %v, want it refused", cmd, flag, err)
+			}
+		}
+		for _, flag := range []string{"--kubeconfig=/k", "--name=tenant-a", "--cluster-selector=a=b", "--pull-secret=p/regcred", "--rotation-policy-raycluster=restart",
+			"--rotation-timeout=1h", "--max-concurrent-rotations=2", "--kube-api-qps=5", "--gateway-table=raysync/gw", "--precreate-auth-secrets=false"} {
+			if _, _, err := parseCommand(cmd, append(scope, flag), env); err != nil {
+				t.Errorf("syncer %s %s: %v", cmd, flag, err)
+			}
+		}
+	}
+	for cmd, flags := range map[string][]string{
+		statusCommand:    {"--dry-run", "--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/cert"},
+		rotateCommand:    {"--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/cert"},
+		revokeCommand:    {"--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/cert"},
+		uninstallCommand: {},
+	} {
+		for _, flag := range flags {
+			if _, _, err := parseCommand(cmd, append(scope, flag), env); err == nil {
+				t.Errorf("syncer %s accepted %s", cmd, flag)
+			}
+		}
+	}
+	c, _, err := parseCommand(uninstallCommand, append(scope, "--leader-election-lease-duration=30s", "--webhook-cert-secret=raysync/rel-raysync-webhook-tls", "--dry-run"), env)
+	if err != nil || c.leaseDuration != 30*time.Second || c.webhook.certSecret != (types.NamespacedName{Namespace: "raysync", Name: "rel-raysync-webhook-tls"}) || !c.dryRun {
+		t.Errorf("uninstall: %v; lease %s, certificate %v", err, c.leaseDuration, c.webhook.certSecret)
+	}
 }

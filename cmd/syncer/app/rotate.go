@@ -1,13 +1,11 @@
-package main
+package app
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -26,13 +24,9 @@ import (
 // says what it will do to each target before it marks anything (annotation raysync.dev/rotate, which
 // raysync clears when it starts, so each request moves a cluster once); a target that is not behind,
 // or that raysync cannot move, is refused: nothing is marked for it and the exit code is 1.
-func runRotate(args []string, stdout, stderr io.Writer) int {
-	cfg, targets, err := parseCommand(rotateCommand, withRunningFlags(args), os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		rotateUsage(stdout)
-		return 0
-	}
-	if err == nil && cfg.all == (len(targets) > 0) {
+func runRotate(cfg *config, targets []string, stdout, stderr io.Writer) int {
+	var err error
+	if cfg.all == (len(targets) > 0) {
 		err = errors.New("name clusters (NAMESPACE/NAME, or rayservice/NAMESPACE/NAME and the like) or give --all, not both and not neither")
 	}
 	var refused int
@@ -212,26 +206,4 @@ func requestRotations(ctx context.Context, cfg *config, report *statusReport, ta
 		fmt.Fprintf(stdout, "%s: rotation requested\n", d.cluster)
 	}
 	return refused, nil
-}
-
-func rotateUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: syncer rotate TARGET... [flags]
-       syncer rotate --all [flags]
-TARGET: NAMESPACE/NAME (a RayCluster, else a RayService or RayJob of that name) or KIND/NAMESPACE/NAME
-(kind raycluster, rayservice or rayjob).
-
-Asks the running raysync to move the named clusters (or, with --all, every cluster behind the current
-canonical token) to the current token now, whatever their rotation policy: a RayService's cluster is
-replaced (KubeRay's zero-downtime upgrade), any other cluster restarted as a whole. It says what it will
-do to each before it marks anything. A target that is not behind (or is already rotating, or that raysync
-cannot move) is refused with the reason: nothing is marked for it, and the exit code is 1 (0: every target
-requested; 2: error). raysync paces requests with the rest of the wave (--max-concurrent-rotations) and
-never touches a RayJob's cluster while its job runs; each request moves a cluster once ("syncer status"
-shows the progress). With --dry-run it says what it would do and marks nothing. It takes the syncer's own
-flags, as "syncer status" does.
-
-`)
-	fs := flagSet(rotateCommand, &config{}, &rawFlags{}, os.Getenv)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }

@@ -1,12 +1,9 @@
-package main
+package app
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"time"
 
@@ -22,27 +19,7 @@ const revokeCommand = "revoke-previous"
 // runRevoke is `syncer revoke-previous`: the gateway stops accepting the token before the current one
 // now, instead of when its grace period ends. The mark is on the ledger (durable, the same for every
 // replica); the next table raysync publishes leaves the previous token out.
-func runRevoke(args []string, stdout, stderr io.Writer) int {
-	cfg, rest, err := parseCommand(revokeCommand, withRunningFlags(args), os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, `usage: syncer revoke-previous [flags]
-
-Makes the gateway refuse the previous canonical token at once (it is otherwise accepted for
---gateway-grace after a rotation). Clients still presenting it get 403 / UNAUTHENTICATED; check
-raysync_gateway_previous_token_last_used_timestamp_seconds first. It takes the syncer's own flags
-(-n and --name find the rotation ledger); --dry-run says what it would do and changes nothing. Exit 0
-revoked (or would be), 1 nothing to revoke, 2 error.
-
-`)
-		return 0
-	}
-	if err == nil && len(rest) > 0 {
-		err = fmt.Errorf("unexpected argument %q", rest[0])
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "syncer revoke-previous:", firstLine(err.Error()))
-		return statusError
-	}
+func runRevoke(cfg *config, stdout, stderr io.Writer) int {
 	kube, err := kubeClient(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "syncer revoke-previous:", err)
