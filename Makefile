@@ -2,16 +2,20 @@
 SHELL := /bin/bash
 KUBERAY_VERSION ?= v1.6.1
 GO ?= go
+NODE ?= standin
 
-.PHONY: build image test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean docs docs-gen
+.PHONY: build image chart test unit fuzz soak bench e2e dev-cluster dev-cluster-down demo demo-down clean docs docs-gen
 FUZZTIME ?= 60s
 FUZZ_PACKAGES := ./internal/kuberay ./internal/validate ./internal/podtemplate ./internal/projection ./internal/gateway ./cmd/syncer/app
 
 build: ## build bin/syncer
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/syncer ./cmd/syncer
 
-image: ## docker build of ghcr.io/raysync/syncer:dev (needs a Docker engine)
-	docker build -t ghcr.io/raysync/syncer:dev .
+image: ## build raysync's image as the Dockerfile's final stage describes it (no Docker engine) and push it to the registry of make dev-cluster NODE=real
+	$(GO) run ./e2e/cmd/devcluster image
+
+chart: ## helm package deploy/helm/raysync and helm push it (OCI) to the registry of make dev-cluster NODE=real
+	$(GO) run ./e2e/cmd/devcluster chart
 
 test: ## everything: vet, the docs site, unit tests, each fuzz target for 3s, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
 	$(GO) vet ./...
@@ -39,8 +43,8 @@ bench: ## new-cluster race (pods starting 0/100 ms/1 s after creation), rotation
 soak: ## long e2e variants (1,000 clusters created in a burst while rotating)
 	RAYSYNC_SOAK=1 $(GO) test -count=1 -timeout 60m -v -run 'TestSoak' ./e2e/...
 
-dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + the kubelet and Ray stand-in + KubeRay; kubeconfig in .dev/kubeconfig
-	$(GO) run ./e2e/cmd/devcluster up -kuberay $(KUBERAY_VERSION)
+dev-cluster: ## start etcd + kube-apiserver + kube-controller-manager + the kubelet and Ray stand-in (NODE=real: a real node, see docs/contributing/real-node.md) + KubeRay; kubeconfig in .dev/kubeconfig
+	$(GO) run ./e2e/cmd/devcluster up -kuberay $(KUBERAY_VERSION) -node $(NODE)
 
 dev-cluster-down: ## stop the dev cluster
 	$(GO) run ./e2e/cmd/devcluster down

@@ -27,6 +27,15 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// The harness's addresses all sit in 198.18.0.0/15 (RFC 2544's benchmarking range, which no real
+// network routes), never in the private ranges a developer's own network may use: Services in the upper
+// half of 198.18.0.0/16, the stand-in's pods in 198.19.0.0/16.
+const (
+	ServiceCIDR = "198.18.128.0/17"
+	// KubernetesServiceIP is the ClusterIP of the `kubernetes` Service, the first of ServiceCIDR.
+	KubernetesServiceIP = "198.18.128.1"
+)
+
 // Options choose what Start runs.
 type Options struct {
 	// KubeRayVersion is the operator release to run: v1.5.1 or v1.6.1.
@@ -39,7 +48,10 @@ type Options struct {
 	ExtraAPIServerArgs []string
 	// OperatorArgs are appended to the KubeRay operator's flags (e.g. --watch-namespace).
 	OperatorArgs []string
-	// StandIn tunes the kubelet and Ray stand-in every control plane runs.
+	// RealNode runs a real node (kubelet, kube-proxy, containerd in namespaces of their own) and
+	// kube-scheduler instead of the kubelet and Ray stand-in (e2e/framework/realnode.go). Needs root.
+	RealNode bool
+	// StandIn tunes the kubelet and Ray stand-in every other control plane runs.
 	StandIn StandInOptions
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
@@ -95,6 +107,9 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	defer func() {
 		if err != nil {
 			_ = stopAll(cp.procs) // keep the directory: its logs say what went wrong
+			if terr := teardownRealNode(dir); terr != nil {
+				err = errors.Join(err, terr)
+			}
 			err = fmt.Errorf("%w (logs in %s)", err, dir)
 		}
 	}()
@@ -119,12 +134,7 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	}
 
 	start := func(name, path string, env []string, args ...string) error {
-		p, err := startProcess(dir, name, path, args, env, o.Detached)
-		if err != nil {
-			return err
-		}
-		cp.procs = append(cp.procs, p)
-		return writePIDs(dir, cp.procs)
+		return cp.start(o, name, path, env, 0, args...)
 	}
 
 	t0 := time.Now()
@@ -147,7 +157,15 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		"--tls-cert-file=" + pk.servingCert, "--tls-private-key-file=" + pk.servingKey, "--client-ca-file=" + pk.caCert,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + pk.saPub, "--service-account-signing-key-file=" + pk.saKey,
-		"--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC", "--allow-privileged=true",
+		"--service-cluster-ip-range=" + ServiceCIDR, "--allow-privileged=true",
+	}
+	if !o.RealNode {
+		apiArgs = append(apiArgs, "--authorization-mode=RBAC")
+	} else {
+		// The kubelet authenticates as system:node:<name> and is authorized by the Node authorizer, as
+		// in a kubeadm cluster; the API server authenticates to the kubelet (logs, exec) by certificate.
+		apiArgs = append(apiArgs, "--authorization-mode=Node,RBAC", "--kubelet-client-certificate="+pk.kubeletClientCert,
+			"--kubelet-client-key="+pk.kubeletClientKey, "--kubelet-preferred-address-types=InternalIP")
 	}
 	if err := start("kube-apiserver", bins.APIServer, nil, append(apiArgs, o.ExtraAPIServerArgs...)...); err != nil {
 		return cp, err
@@ -162,11 +180,18 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 
 	// Besides garbage collection, namespaces and ServiceAccounts: Endpoints and EndpointSlices (a
 	// RayService is Ready once its serve Service has ready endpoints) and Jobs (RayJob submitters).
+	controllers := "garbage-collector-controller,namespace-controller,serviceaccount-controller," +
+		"endpoints-controller,endpointslice-controller,job-controller"
+	if o.RealNode {
+		// Workloads users install (raysync's chart, CoreDNS) run as Deployments on a real node; the
+		// node lifecycle controller lifts the not-ready taint the kubelet registers the node with; every
+		// pod mounts the kube-root-ca.crt ConfigMap the root CA publisher writes.
+		controllers += ",deployment-controller,replicaset-controller,node-lifecycle-controller,root-ca-certificate-publisher-controller"
+	}
 	if err := start("kube-controller-manager", bins.ControllerManager, nil, "--kubeconfig="+kcmKubeconfig,
 		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=true",
 		"--root-ca-file="+pk.caCert, "--service-account-private-key-file="+pk.saKey,
-		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"+
-			"endpoints-controller,endpointslice-controller,job-controller"); err != nil {
+		"--controllers="+controllers); err != nil {
 		return cp, err
 	}
 	// The serviceaccount controller creates each namespace's default ServiceAccount; Pods need it.
@@ -178,16 +203,25 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	}
 	logf("kube-controller-manager ready (%s)", time.Since(t0).Round(time.Millisecond))
 
-	if err := cp.startStandIn(ctx, o); err != nil {
-		return cp, err
+	var operatorEnv []string
+	if o.RealNode {
+		o.Logf = logf
+		if err := cp.startRealNode(ctx, o, apiPort, pk); err != nil {
+			return cp, err
+		}
+	} else {
+		if err := cp.startStandIn(ctx, o); err != nil {
+			return cp, err
+		}
+		logf("kubelet and Ray stand-in ready, JSON at %s (%s)", cp.Ray.APIURL, time.Since(t0).Round(time.Millisecond))
+		operatorEnv = cp.Ray.operatorEnv()
 	}
-	logf("kubelet and Ray stand-in ready, JSON at %s (%s)", cp.Ray.APIURL, time.Since(t0).Round(time.Millisecond))
 
 	if err := InstallCRDs(ctx, cp.Dynamic, bins.KubeRayCRDs); err != nil {
 		return cp, err
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
-	if err := start("kuberay-operator", bins.KubeRay, cp.Ray.operatorEnv(), append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
+	if err := start("kuberay-operator", bins.KubeRay, operatorEnv, append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
 		"--metrics-addr=0", "--health-probe-bind-address=" + probe}, o.OperatorArgs...)...); err != nil {
 		return cp, err
 	}
@@ -218,6 +252,17 @@ func Attach(dir string) (*ControlPlane, error) {
 	return cp, nil
 }
 
+// start starts one process of this control plane (in new namespaces given by cloneflags, if any)
+// and records it in the pid file.
+func (c *ControlPlane) start(o Options, name, path string, env []string, cloneflags uintptr, args ...string) error {
+	p, err := startProcess(c.Dir, name, path, args, env, o.Detached, cloneflags)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	return writePIDs(c.Dir, c.procs)
+}
+
 func (c *ControlPlane) connect() error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
@@ -237,7 +282,7 @@ func (c *ControlPlane) Stop() error {
 	if c == nil || c.External {
 		return nil
 	}
-	err := stopAll(c.procs)
+	err := errors.Join(stopAll(c.procs), teardownRealNode(c.Dir))
 	c.procs = nil
 	if err == nil && c.tempDir && os.Getenv("E2E_KEEP_DIR") == "" {
 		err = os.RemoveAll(c.Dir)
@@ -261,7 +306,7 @@ func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
 	if old == nil {
 		return errors.New("no kube-apiserver process (external cluster?)")
 	}
-	p, err := startProcess(c.Dir, old.name, old.path, old.args, old.env, false)
+	p, err := startProcess(c.Dir, old.name, old.path, old.args, old.env, false, 0)
 	if err != nil {
 		return err
 	}

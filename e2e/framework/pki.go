@@ -25,8 +25,10 @@ type pki struct {
 	saKey, saPub            string
 	adminCert, adminKey     string
 	kcmCert, kcmKey         string
-	caTemplate              *x509.Certificate
-	caSigner                *ecdsa.PrivateKey
+	// kubeletClientCert is the API server's identity towards kubelets (logs, exec, port-forward).
+	kubeletClientCert, kubeletClientKey string
+	caTemplate                          *x509.Certificate
+	caSigner                            *ecdsa.PrivateKey
 }
 
 func newPKI(dir string) (*pki, error) {
@@ -56,10 +58,13 @@ func newPKI(dir string) (*pki, error) {
 	}
 	if p.servingCert, p.servingKey, err = p.issue("apiserver", "kube-apiserver", nil, true,
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}); err != nil {
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(KubernetesServiceIP), net.ParseIP(RealNodeHostIP)}); err != nil {
 		return nil, err
 	}
 	if p.adminCert, p.adminKey, err = p.issue("admin", "raysync-e2e-admin", []string{"system:masters"}, false, nil, nil); err != nil {
+		return nil, err
+	}
+	if p.kubeletClientCert, p.kubeletClientKey, err = p.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil, nil); err != nil {
 		return nil, err
 	}
 	if p.kcmCert, p.kcmKey, err = p.issue("kcm", "system:kube-controller-manager", nil, false, nil, nil); err != nil {

@@ -27,7 +27,7 @@ type process struct {
 
 // startProcess starts path with args, logging to <dir>/<name>.log. Unless detached, the child gets
 // SIGKILL when the harness dies (Pdeathsig), so a crashed or killed test run leaves nothing behind.
-func startProcess(dir, name, path string, args, env []string, detached bool) (*process, error) {
+func startProcess(dir, name, path string, args, env []string, detached bool, cloneflags uintptr) (*process, error) {
 	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -39,7 +39,7 @@ func startProcess(dir, name, path string, args, env []string, detached bool) (*p
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Cloneflags: cloneflags}
 	if !detached {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}

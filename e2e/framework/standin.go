@@ -105,7 +105,7 @@ func (c *ControlPlane) startStandIn(ctx context.Context, o Options) error {
 	if o.StandIn.RayVenv != "" {
 		args = append(args, "-ray-venv="+o.StandIn.RayVenv, "-pod-dir="+filepath.Join(c.Dir, "pods"))
 	}
-	p, err := startProcess(c.Dir, "standin", bin, args, nil, o.Detached)
+	p, err := startProcess(c.Dir, "standin", bin, args, nil, o.Detached, 0)
 	if err != nil {
 		return err
 	}

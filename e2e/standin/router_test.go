@@ -58,7 +58,7 @@ func TestProxyRoutesByHost(t *testing.T) {
 		"pod IP":                       {"http://" + ip + ":8265/api/jobs/", http.StatusOK},
 		"bare Service name (no ns)":    {"http://c-head-svc:8265/api/jobs/", http.StatusBadGateway},
 		"unknown Service":              {"http://nope.ns.svc.cluster.local:8265/", http.StatusBadGateway},
-		"a real address":               {"http://10.1.2.3:8265/", http.StatusBadGateway},
+		"a real address":               {"http://198.18.1.2:8265/", http.StatusBadGateway},
 		"a port the Service lacks":     {"http://c-head-svc.ns.svc.cluster.local:6379/", http.StatusBadGateway},
 		"Serve before any application": {"http://" + ip + ":8000/-/healthz", http.StatusBadGateway},
 	}

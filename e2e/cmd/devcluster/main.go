@@ -2,8 +2,9 @@
 // and `E2E_KUBECONFIG=.dev/kubeconfig make e2e`: etcd, kube-apiserver, kube-controller-manager, the
 // kubelet and Ray stand-in and the stock KubeRay operator on loopback, left running in the background.
 //
-//	go run ./e2e/cmd/devcluster up [-kuberay v1.6.1] [-dir .dev]
+//	go run ./e2e/cmd/devcluster up [-kuberay v1.6.1] [-dir .dev] [-node standin|real]
 //	go run ./e2e/cmd/devcluster down [-dir .dev]
+//	go run ./e2e/cmd/devcluster image|chart [-dir .dev] [-version V]   # push to a real node's registry
 package main
 
 import (
@@ -13,24 +14,31 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/raysync/raysync/e2e/framework"
 )
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
-		fmt.Fprintln(os.Stderr, "usage: devcluster up|down [-kuberay VERSION] [-dir DIR]")
+	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down" && os.Args[1] != "image" && os.Args[1] != "chart") {
+		fmt.Fprintln(os.Stderr, "usage: devcluster up|down|image|chart [-kuberay VERSION] [-dir DIR] [-node standin|real] [-version V]")
 		os.Exit(2)
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	version := fs.String("kuberay", envOr("KUBERAY_VERSION", "v1.6.1"), "KubeRay operator version (v1.5.1 or v1.6.1)")
 	dir := fs.String("dir", ".dev", "state directory (PKI, data, logs, pids, kubeconfig)")
+	node := fs.String("node", envOr("NODE", "standin"), "standin: the kubelet and Ray stand-in (hundreds of pods on 2 cores); real: a real node (kubelet, containerd, kube-proxy; needs root)")
 	realRay := fs.Bool("real-ray", !framework.RealRayDisabled(), "install Ray "+framework.RayVersion+" and run real Ray in namespaces annotated "+framework.StandInRay+"=real")
+	pushVersion := fs.String("version", "", "image tag and chart version for image and chart (default: the chart's version)")
 	_ = fs.Parse(os.Args[2:])
 	abs, err := filepath.Abs(*dir)
 	if err != nil {
 		fail(err)
+	}
+	if os.Args[1] == "image" || os.Args[1] == "chart" {
+		push(os.Args[1], abs, *pushVersion)
+		return
 	}
 	if os.Args[1] == "down" {
 		cp, err := framework.Attach(abs)
@@ -59,8 +67,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	if *node != "standin" && *node != "real" {
+		fail(fmt.Errorf("-node %q: standin or real", *node))
+	}
 	var venv string
-	if *realRay {
+	if *realRay && *node == "standin" {
 		if venv, err = framework.EnsureRay(ctx, logf); err != nil {
 			fail(err)
 		}
@@ -69,6 +80,7 @@ func main() {
 		KubeRayVersion: *version,
 		Dir:            abs,
 		Detached:       true,
+		RealNode:       *node == "real",
 		StandIn:        framework.StandInOptions{RayVenv: venv},
 		Logf:           logf,
 	})
@@ -84,6 +96,21 @@ func main() {
 		fail(err)
 	}
 	rel, _ := filepath.Rel(must(os.Getwd()), kubeconfig)
+	if *node == "real" {
+		info, err := cp.WriteNodeInfo(ctx, filepath.Join(abs, "node.json"))
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf(`
+Dev cluster is up: real kube-apiserver %s, KubeRay operator %s, and a real node %s (kubelet %s, %s)
+at %s in network, mount and PID namespaces of its own; pods get addresses in %s, Services %s.
+  export KUBECONFIG=%s
+  kubectl get nodes -o wide
+Node facts: %s    Logs: %s/*.log, %s/node/*.log    Stop it: make dev-cluster-down
+`, framework.KubernetesVersion, *version, info.Name, info.KubeletVersion, info.ContainerRuntime, info.IP, framework.PodCIDR,
+			framework.ServiceCIDR, rel, filepath.Join(abs, "node.json"), abs, abs)
+		return
+	}
 	fmt.Printf(`
 Dev cluster is up: real kube-apiserver %s, KubeRay operator %s, and a kubelet and Ray stand-in:
 Ray pods start (bound to Node "standin", pod IPs 198.19.x.y that are data only) with emulated Ray inside.
@@ -93,6 +120,38 @@ Ray pods start (bound to Node "standin", pod IPs 198.19.x.y that are data only) 
   curl -s -x %s http://<cluster>-head-svc.<namespace>.svc.cluster.local:8265/api/jobs/ -H "Authorization: Bearer $TOKEN"
 Logs: %s/*.log    Stop it: make dev-cluster-down
 `, framework.KubernetesVersion, *version, rel, cp.Ray.APIURL, cp.Ray.ClientProxyURL, abs)
+}
+
+// push builds raysync's image or packages its chart and pushes it to the registry of the real node
+// that `make dev-cluster NODE=real` started in dir.
+func push(what, dir, version string) {
+	cp, err := framework.Attach(dir)
+	if err != nil || len(cp.Running()) == 0 {
+		fail(fmt.Errorf("no dev cluster running from %s: make dev-cluster NODE=real first", dir))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node.json")); err != nil {
+		fail(fmt.Errorf("the dev cluster in %s has no real node (no node.json): make dev-cluster NODE=real", dir))
+	}
+	if version == "" {
+		if version, err = framework.ChartVersion(); err != nil {
+			fail(err)
+		}
+	}
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	ctx := context.Background()
+	if what == "image" {
+		ref, err := cp.PushRaysyncImage(ctx, version, logf)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf("pushed %s (the node pulls it with the pull secret in node.json; helm --set image.repository=%s)\n", ref, strings.TrimSuffix(ref, ":"+version))
+		return
+	}
+	if err := cp.PushChart(ctx, version, logf); err != nil {
+		fail(err)
+	}
+	fmt.Printf("pushed %s/raysync:%s\n  KUBECONFIG=%s helm install raysync %s/raysync --version %s --ca-file %s -n raysync ...\n",
+		framework.RegistryChartRepo, version, filepath.Join(dir, "kubeconfig"), framework.RegistryChartRepo, version, filepath.Join(dir, "ca.crt"))
 }
 
 func envOr(k, def string) string {

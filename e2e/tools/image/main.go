@@ -3,21 +3,32 @@
 //
 //	image build -binary bin/syncer -out raysync.tar   # one layer with /syncer, numeric non-root user, entrypoint
 //	image inspect raysync.tar                         # JSON: user, entrypoint, files of every layer
+//	image single -binary F -entrypoint /pause -ref R -out T  # the real node's one-binary images
+//	image push -tar T -ref R -ca CA -auth FILE               # push to the real node's registry (FILE: user:password)
+//	image htpasswd -auth FILE                                # the registry's htpasswd line (bcrypt) for FILE
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"strings"
 
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -38,6 +49,27 @@ func main() {
 		out := fs.String("out", "", "image tarball to write")
 		_ = fs.Parse(os.Args[2:])
 		fail(build(*bin, *out))
+	case "single":
+		fs := flag.NewFlagSet("single", flag.ExitOnError)
+		bin := fs.String("binary", "", "static binary, the image's only file")
+		ep := fs.String("entrypoint", "", "absolute path of the binary in the image")
+		ref := fs.String("ref", "", "image reference recorded in the tarball")
+		out := fs.String("out", "", "image tarball to write")
+		_ = fs.Parse(os.Args[2:])
+		fail(single(*bin, *ep, *ref, *out))
+	case "push":
+		fs := flag.NewFlagSet("push", flag.ExitOnError)
+		tar := fs.String("tar", "", "image tarball")
+		ref := fs.String("ref", "", "where to push")
+		ca := fs.String("ca", "", "CA of the registry's certificate")
+		auth := fs.String("auth", "", "file holding user:password")
+		_ = fs.Parse(os.Args[2:])
+		fail(push(*tar, *ref, *ca, *auth))
+	case "htpasswd":
+		fs := flag.NewFlagSet("htpasswd", flag.ExitOnError)
+		auth := fs.String("auth", "", "file holding user:password")
+		_ = fs.Parse(os.Args[2:])
+		fail(htpasswd(*auth))
 	case "inspect":
 		fail(inspect(os.Args[2]))
 	default:
@@ -78,6 +110,102 @@ func build(bin, out string) error {
 		return err
 	}
 	return tarball.WriteToFile(out, ref, img)
+}
+
+// single writes a one-layer linux/amd64 image holding one static binary as its entrypoint, run as
+// root (the pause image and the e2e tests' tiny workload).
+func single(bin, entrypoint, ref, out string) error {
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: entrypoint[1:], Mode: 0o555, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(b); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	layer, err := tarball.LayerFromReader(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		return err
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config = v1.Config{Entrypoint: []string{entrypoint}, WorkingDir: "/"}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return err
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return err
+	}
+	return tarball.WriteToFile(out, r, img)
+}
+
+func readAuth(path string) (user, password string, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", err
+	}
+	u, p, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	if !ok {
+		return "", "", fmt.Errorf("%s: want user:password", path)
+	}
+	return u, p, nil
+}
+
+// push uploads an image tarball with basic auth over TLS verified against ca (never the system pool).
+func push(tarPath, ref, ca, authFile string) error {
+	img, err := tarball.ImageFromPath(tarPath, nil)
+	if err != nil {
+		return err
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return err
+	}
+	u, p, err := readAuth(authFile)
+	if err != nil {
+		return err
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("no certificate in %s", ca)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool}
+	tr.Proxy = nil
+	return remote.Write(r, img, remote.WithAuth(&authn.Basic{Username: u, Password: p}), remote.WithTransport(tr))
+}
+
+func htpasswd(authFile string) error {
+	u, p, err := readAuth(authFile)
+	if err != nil {
+		return err
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte(p), bcrypt.DefaultCost)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s:%s\n", u, h)
+	return nil
 }
 
 type report struct {

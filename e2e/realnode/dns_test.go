@@ -1,0 +1,65 @@
+package realnode
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+// TestRealNodeDNS: CoreDNS runs as a pod on the node and a pod resolves a head Service by its
+// cluster names (as KubeRay's workers and clients do) and the kubernetes Service, through the
+// kube-dns Service the kubelet writes into the pod's resolv.conf.
+func TestRealNodeDNS(t *testing.T) {
+	cp := startNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ns := "realnode-dns"
+	if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitServiceAccount(ctx, t, cp.Kube, ns)
+	svc, err := cp.Kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "c-head-svc"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"ray.io/cluster": "c", "ray.io/node-type": "head"},
+			Ports: []corev1.ServicePort{{Name: "dashboard", Port: 8265, TargetPort: intstr.FromInt32(8265)}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"c-head-svc", "c-head-svc." + ns, "c-head-svc." + ns + ".svc.cluster.local", "kubernetes.default"}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "resolve", Namespace: ns}, Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+		Containers: []corev1.Container{{Name: "resolve", Image: framework.TinyImage, ImagePullPolicy: corev1.PullNever, Args: append([]string{"resolve"}, names...)}}}}
+	if _, err := cp.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var phase corev1.PodPhase
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cp.Kube.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		phase = p.Status.Phase
+		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, nil
+	}); err != nil {
+		t.Fatalf("resolver pod never finished (%s): %v\n%s", phase, err, events(ctx, cp.Kube, ns))
+	}
+	logs, err := cp.Kube.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("resolver pod (%s):\n%s", phase, logs)
+	for _, n := range names[:3] {
+		if want := n + "=" + svc.Spec.ClusterIP; !strings.Contains(string(logs), want+"\n") {
+			t.Errorf("want %q", want)
+		}
+	}
+	if want := "kubernetes.default=" + framework.KubernetesServiceIP; !strings.Contains(string(logs), want+"\n") {
+		t.Errorf("want %q", want)
+	}
+}

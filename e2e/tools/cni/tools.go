@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package tools pins the CNI plugins the real node's pods are networked with: a bridge per node (as
+// kind's kindnet), host-local addresses, loopback, and portmap for hostPort.
+package tools
+
+import (
+	_ "github.com/containernetworking/plugins/plugins/ipam/host-local"
+	_ "github.com/containernetworking/plugins/plugins/main/bridge"
+	_ "github.com/containernetworking/plugins/plugins/main/loopback"
+	_ "github.com/containernetworking/plugins/plugins/meta/portmap"
+)
