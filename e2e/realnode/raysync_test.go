@@ -23,7 +23,7 @@ import (
 // one leader, and `kubectl -n raysync exec deploy/raysync -- /syncer status` answers.
 func TestRealNodeRaysyncFromRegistry(t *testing.T) {
 	cp := startNode(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	const version = "0.2.0-realnode"
 	t0 := time.Now()
@@ -175,6 +175,125 @@ func TestRealNodeRaysyncFromRegistry(t *testing.T) {
 		t.Fatalf("kubectl exec deploy/raysync -- /syncer status: %v\n%s", err, out)
 	}
 	t.Logf("/syncer status in the pod:\n%s", out)
+
+	// Deleting the leader pod hands the Lease to the other replica within the lease time (15 s):
+	// the leader drains and releases it on SIGTERM, the standby takes it at its next retry.
+	watch := watchLeadership(ctx, t, cp, ns, "raysync")
+	tDel := time.Now()
+	if err := cp.Kube.CoreV1().Pods(ns).Delete(ctx, holder, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var next string
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Kube.CoordinationV1().Leases(ns).Get(ctx, "raysync", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" || strings.HasPrefix(*l.Spec.HolderIdentity, holder) {
+			return false, nil
+		}
+		next = *l.Spec.HolderIdentity
+		return true, nil
+	}); err != nil {
+		t.Fatalf("the Lease never left the deleted leader %s", holder)
+	}
+	handover := time.Since(tDel)
+	t.Logf("MEASURE leader pod deleted → Lease held by %s in %s", next, handover.Round(time.Millisecond))
+	if handover > 15*time.Second {
+		t.Errorf("handover took %s, longer than the lease (15 s)", handover)
+	}
+	if err := waitReady(ctx, cp, ns, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	// helm upgrade to a second chart version (and image tag) in the registry rolls both pods; at no
+	// moment is the Lease unheld (released, or not renewed) for longer than the lease.
+	const version2 = "0.2.1-realnode"
+	if _, err := cp.PushRaysyncImage(ctx, version2, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.PushChart(ctx, version2, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	tUp := time.Now()
+	if out, err := cp.Helm(ctx, t.Logf, "upgrade", "raysync", framework.RegistryChartRepo+"/raysync", "--version", version2,
+		"--namespace", ns, "--ca-file", cp.Dir+"/ca.crt", "--reset-then-reuse-values"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=raysync"})
+		if err != nil {
+			return false, nil
+		}
+		n := 0
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && strings.HasSuffix(p.Spec.Containers[0].Image, ":"+version2) && podReady(&p) {
+				n++
+			}
+		}
+		return n == 2 && len(pods.Items) == 2, nil
+	}); err != nil {
+		t.Fatalf("helm upgrade to %s: both pods never ran the new image: %v\nevents:\n%s", version2, err, events(ctx, cp.Kube, ns))
+	}
+	time.Sleep(3 * time.Second) // the new leader renews at least once after the last old pod is gone
+	gap := watch()
+	t.Logf("MEASURE helm upgrade → 2 new pods Ready in %s; longest time the Lease was unheld since the leader's deletion: %s",
+		time.Since(tUp).Round(time.Millisecond), gap.Round(time.Millisecond))
+	if gap > 15*time.Second {
+		t.Errorf("the Lease was unheld for %s, longer than the lease (15 s)", gap)
+	}
+}
+
+// watchLeadership samples the Lease every 200 ms until the returned func is called, which returns
+// the longest stretch in which no replica led: no holder, or a holder that had not renewed within
+// the lease duration.
+func watchLeadership(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, name string) func() time.Duration {
+	stop := make(chan struct{})
+	done := make(chan time.Duration)
+	go func() {
+		var longest time.Duration
+		var since time.Time
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- longest
+				return
+			case <-tick.C:
+			}
+			l, err := cp.Kube.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				continue // an API error says nothing of the Lease
+			}
+			led := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" && l.Spec.RenewTime != nil &&
+				l.Spec.LeaseDurationSeconds != nil && time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
+			switch {
+			case !led && since.IsZero():
+				since = time.Now()
+			case led && !since.IsZero():
+				longest = max(longest, time.Since(since))
+				since = time.Time{}
+			}
+			if !since.IsZero() {
+				longest = max(longest, time.Since(since))
+			}
+		}
+	}()
+	return func() time.Duration { close(stop); return <-done }
+}
+
+func waitReady(ctx context.Context, cp *framework.ControlPlane, ns string, n int32) error {
+	return wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		d, err := cp.Kube.AppsV1().Deployments(ns).Get(ctx, "raysync", metav1.GetOptions{})
+		return err == nil && d.Status.ReadyReplicas == n && d.Status.Replicas == n, nil
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func ptr[T any](v T) *T { return &v }
