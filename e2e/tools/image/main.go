@@ -78,26 +78,7 @@ func main() {
 }
 
 func build(bin, out string) error {
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: "syncer", Mode: 0o555, Size: int64(len(b)), Uid: 0, Gid: 0, Typeflag: tar.TypeReg}); err != nil {
-		return err
-	}
-	if _, err := tw.Write(b); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	layer, err := tarball.LayerFromReader(bytes.NewReader(buf.Bytes()))
-	if err != nil {
-		return err
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	img, err := binaryImage(bin, "syncer")
 	if err != nil {
 		return err
 	}
@@ -115,26 +96,7 @@ func build(bin, out string) error {
 // single writes a one-layer linux/amd64 image holding one static binary as its entrypoint, run as
 // root (the pause image and the e2e tests' tiny workload).
 func single(bin, entrypoint, ref, out string) error {
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: entrypoint[1:], Mode: 0o555, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
-		return err
-	}
-	if _, err := tw.Write(b); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	layer, err := tarball.LayerFromReader(bytes.NewReader(buf.Bytes()))
-	if err != nil {
-		return err
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	img, err := binaryImage(bin, entrypoint[1:])
 	if err != nil {
 		return err
 	}
@@ -153,6 +115,31 @@ func single(bin, entrypoint, ref, out string) error {
 		return err
 	}
 	return tarball.WriteToFile(out, r, img)
+}
+
+// binaryImage is an image of one layer on an empty base: the static binary bin at /path, mode 0555,
+// owned by root.
+func binaryImage(bin, path string) (v1.Image, error) {
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: path, Mode: 0o555, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromReader(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		return nil, err
+	}
+	return mutate.AppendLayers(empty.Image, layer)
 }
 
 func readAuth(path string) (user, password string, err error) {
