@@ -94,7 +94,7 @@ func TestRealNodePrivateImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitPodRunning(ctx, t, cp.Kube, ns, name)
-		t.Logf("Ray image pod %q with regcred: Running %s after creation (pull included)", name, time.Since(t0).Round(time.Millisecond))
+		t.Logf("MEASURE Ray image pod %q with regcred: Running %s after creation (pull included)", name, time.Since(t0).Round(time.Millisecond))
 		var logs string
 		_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			b, err := cp.Kube.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
