@@ -70,9 +70,6 @@ type ControlPlane struct {
 	External bool
 	// Ray is the kubelet and Ray stand-in (nil on an external cluster, which has real kubelets).
 	Ray *RayStandIn
-	// ClusterProxyURL (real node only) is an HTTP proxy on loopback into the cluster: Service names
-	// resolve through CoreDNS, as in a pod. The KubeRay operator's HTTP_PROXY.
-	ClusterProxyURL string
 	// tempDir: Dir was created by Start and is removed by Stop (unless $E2E_KEEP_DIR is set).
 	tempDir bool
 
@@ -212,7 +209,6 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		if err := cp.startRealNode(ctx, o, apiPort, pk); err != nil {
 			return cp, err
 		}
-		operatorEnv = ProxyEnv(cp.ClusterProxyURL)
 	} else {
 		if err := cp.startStandIn(ctx, o); err != nil {
 			return cp, err

@@ -400,24 +400,7 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 		return err
 	}
 	logf("CoreDNS %s available at %s (%s)", CoreDNSVersion, ClusterDNSIP, time.Since(t0).Round(time.Millisecond))
-	// The host's programs that must reach the cluster by name (the KubeRay operator calls each head's
-	// dashboard by its Service's DNS name) go through an HTTP proxy whose names CoreDNS resolves.
-	ports, err := freePorts(1)
-	if err != nil {
-		return err
-	}
-	listen := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	if err := c.start(o, "cluster-proxy", nb.Supervisor, nil, 0, "proxy", "-listen", listen, "-dns", ClusterDNSIP+":53"); err != nil {
-		return err
-	}
-	c.ClusterProxyURL = "http://" + listen
-	return waitHTTP(ctx, c.proc("cluster-proxy"), c.ClusterProxyURL+"/healthz", "ok", 30*time.Second)
-}
-
-// ProxyEnv is the environment that points a program's HTTP clients at proxyURL (loopback excepted).
-func ProxyEnv(proxyURL string) []string {
-	return []string{"HTTP_PROXY=" + proxyURL, "http_proxy=" + proxyURL,
-		"HTTPS_PROXY=", "https_proxy=", "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost"}
+	return nil
 }
 
 // writeRegistryFiles writes the registry's account, htpasswd, serving certificate and configuration,
@@ -779,9 +762,6 @@ type NodeInfo struct {
 	PullSecret   string `json:"pullSecret,omitempty"`
 	// Dir holds the node's configuration and its programs' logs.
 	Dir string `json:"dir"`
-	// ClusterProxy is an HTTP proxy on loopback into the cluster (names resolved by CoreDNS): set
-	// HTTP_PROXY to it to reach a Service by name from the host.
-	ClusterProxy string `json:"clusterProxy"`
 }
 
 // WriteNodeInfo pushes the private image (the tiny image until a Ray image is built), creates the
@@ -812,7 +792,7 @@ func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string) (*NodeInf
 	}
 	info := &NodeInfo{Name: NodeName, IP: NodeIP, PodCIDR: PodCIDR, ServiceCIDR: ServiceCIDR,
 		KubeletVersion: n.Status.NodeInfo.KubeletVersion, ContainerRuntime: n.Status.NodeInfo.ContainerRuntimeVersion,
-		TinyImage: TinyImage, Dir: filepath.Join(c.Dir, nodeSubdir), ClusterProxy: c.ClusterProxyURL,
+		TinyImage: TinyImage, Dir: filepath.Join(c.Dir, nodeSubdir),
 		Registry: RegistryHost, RegistryPush: registryAddr, RegistryCA: filepath.Join(c.Dir, "ca.crt"),
 		PrivateImage: private, PullSecret: ns + "/" + name}
 	return info, writeJSON(path, info)

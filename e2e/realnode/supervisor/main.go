@@ -3,7 +3,6 @@
 //
 //	supervisor node -dir DIR     # PID 1 of the node: mounts, then the processes of DIR/spec.json
 //	supervisor relay -listen A -to B
-//	supervisor proxy -listen A -dns B  # an HTTP proxy into the cluster (host side), names resolved by B
 //
 // As PID 1 it reaps every orphan (containerd's shims re-parent to it), and when it exits the kernel
 // kills everything left in its PID namespace, so a node can never outlive its supervisor. Its mounts
@@ -11,7 +10,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -19,8 +17,6 @@ import (
 	"io"
 	"log"
 	"net"
-	"net/http"
-	"net/http/httputil"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -58,7 +54,7 @@ type Process struct {
 func main() {
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	if len(os.Args) < 2 {
-		log.Fatal("usage: supervisor node -dir DIR | supervisor relay -listen ADDR -to ADDR | supervisor proxy -listen ADDR -dns ADDR")
+		log.Fatal("usage: supervisor node -dir DIR | supervisor relay -listen ADDR -to ADDR")
 	}
 	var err error
 	switch os.Args[1] {
@@ -73,12 +69,6 @@ func main() {
 		to := fs.String("to", "", "address to relay to")
 		_ = fs.Parse(os.Args[2:])
 		err = relay(*listen, *to)
-	case "proxy":
-		fs := flag.NewFlagSet("proxy", flag.ExitOnError)
-		listen := fs.String("listen", "", "address to listen on (loopback)")
-		dns := fs.String("dns", "", "the cluster DNS (host:53)")
-		_ = fs.Parse(os.Args[2:])
-		err = proxy(*listen, *dns)
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -269,73 +259,4 @@ func relay(listen, to string) error {
 			<-done
 		}()
 	}
-}
-
-// proxy is an HTTP proxy (absolute-URI requests and CONNECT) for programs on the host that must
-// reach the cluster as a pod does: the KubeRay operator, which calls each head's dashboard at
-// http://<cluster>-head-svc.<ns>.svc.cluster.local:8265, and the tests' clients. Names resolve
-// through the cluster DNS (CoreDNS, at the kube-dns Service); the host routes pod and Service
-// addresses into the node. It dials nothing outside 198.18.0.0/15 (the harness's addresses).
-func proxy(listen, dns string) error {
-	dialer := &net.Dialer{Timeout: 10 * time.Second, Resolver: &net.Resolver{PreferGo: true,
-		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, dns)
-		}}}
-	_, harness, _ := net.ParseCIDR("198.18.0.0/15")
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		host, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			return nil, err
-		}
-		ips, err := dialer.Resolver.LookupIP(ctx, "ip4", host)
-		if err != nil {
-			return nil, err
-		}
-		for _, ip := range ips {
-			if harness.Contains(ip) {
-				return dialer.DialContext(ctx, network, net.JoinHostPort(ip.String(), port))
-			}
-		}
-		return nil, fmt.Errorf("%s resolves to %v, outside the cluster's addresses (198.18.0.0/15)", host, ips)
-	}
-	transport := &http.Transport{DialContext: dial, Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 30 * time.Second}
-	forward := &httputil.ReverseProxy{Transport: transport, FlushInterval: -1,
-		Rewrite: func(r *httputil.ProxyRequest) { r.Out.URL, r.Out.Host = r.In.URL, r.In.Host },
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Printf("proxy %s %s: %v", r.Method, r.URL.Host, err)
-			http.Error(w, err.Error(), http.StatusBadGateway)
-		}}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodConnect {
-			if !r.URL.IsAbs() && r.URL.Path == "/healthz" {
-				_, _ = w.Write([]byte("ok"))
-				return
-			}
-			if !r.URL.IsAbs() {
-				http.Error(w, "this is an HTTP proxy: send absolute-URI requests (set HTTP_PROXY)", http.StatusBadRequest)
-				return
-			}
-			forward.ServeHTTP(w, r)
-			return
-		}
-		u, err := dial(r.Context(), "tcp", r.Host)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer u.Close()
-		c, buf, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
-		done := make(chan struct{}, 2)
-		go func() { _, _ = io.Copy(u, buf); u.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
-		go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
-		<-done
-		<-done
-	})
-	return http.ListenAndServe(listen, h)
 }
