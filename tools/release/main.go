@@ -171,8 +171,8 @@ func (o *options) release(ctx context.Context, root string, stdout, stderr io.Wr
 	if err := writeSums(dist); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "image  %s\n       %s\nchart  oci://%s/charts/raysync --version %s\nfiles  %s (SHA256SUMS)\n", image, digest, o.registry, o.version, dist)
-	logf("wrote %s", chart)
+	fmt.Fprintf(stdout, "image  %s\n       %s\nchart  oci://%s/charts/raysync --version %s\nfiles  %s (binaries, SBOMs, %s, SHA256SUMS)\n",
+		image, digest, o.registry, o.version, dist, filepath.Base(chart))
 	return nil
 }
 
