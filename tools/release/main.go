@@ -55,18 +55,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.registry, "registry", "", "host[:port][/path]: the image goes to REGISTRY/raysync, the chart to oci://REGISTRY/charts")
 	fs.StringVar(&o.dist, "dist", "dist", "directory for the binaries, SBOMs, chart and SHA256SUMS")
 	fs.StringVar(&o.caFile, "ca-file", "", "CA bundle to trust for the registry, besides the system's")
-	fs.BoolVar(&o.setVersion, "set-version", false, "write VERSION into Chart.yaml (and the kustomize base) first; commit the change")
+	fs.BoolVar(&o.setVersion, "set-version", false, "when VERSION differs from Chart.yaml's, write it there (and into the kustomize base) and stop: commit, then release")
 	fs.BoolVar(&o.plainHTTP, "plain-http", false, "talk HTTP, not HTTPS, to the registry (a local test registry)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	root, err := framework.RepoRoot()
+	var set string
 	if err == nil {
-		err = o.check(root)
+		set, err = o.check(root)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "release:", err)
 		return 2
+	}
+	if set != "" {
+		// A release records a commit: the new version is committed before anything is built.
+		fmt.Fprintf(stdout, "%s: %s → %s (and the kustomize base). Run make docs-gen, add the chart's CHANGELOG entry, commit, then make release VERSION=%s REGISTRY=%s\n",
+			chartFile, set, o.version, o.version, o.registry)
+		return 0
 	}
 	if err := o.release(ctx, root, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "release:", err)
@@ -75,34 +82,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// check refuses a release that would not be one version everywhere; with -set-version it writes the
-// version into Chart.yaml instead of refusing a different one.
-func (o *options) check(root string) error {
+// check refuses a release that would not be one version everywhere. With -set-version it writes a
+// different version into Chart.yaml instead, and returns the version it replaced.
+func (o *options) check(root string) (replaced string, err error) {
 	if err := checkVersion(o.version); err != nil {
-		return err
+		return "", err
 	}
 	reg, err := checkRegistry(o.registry)
 	if err != nil {
-		return err
+		return "", err
 	}
 	o.registry = reg
 	b, err := os.ReadFile(filepath.Join(root, chartFile))
 	if err != nil {
-		return err
+		return "", err
 	}
 	version, appVersion, err := chartVersions(string(b))
 	if err != nil {
-		return err
+		return "", err
 	}
 	switch {
 	case version != appVersion:
-		return fmt.Errorf("%s: version %s and appVersion %s differ; they are one version (chart N runs raysync N)", chartFile, version, appVersion)
+		return "", fmt.Errorf("%s: version %s and appVersion %s differ; they are one version (chart N runs raysync N)", chartFile, version, appVersion)
 	case version == o.version:
-		return nil
+		return "", nil
 	case !o.setVersion:
-		return fmt.Errorf("VERSION %s but %s says %s: release that, or set it with SET_VERSION=1 (make release) / -set-version and commit the change", o.version, chartFile, version)
+		return "", fmt.Errorf("VERSION %s but %s says %s: release that, or set it with SET_VERSION=1 (-set-version) and commit", o.version, chartFile, version)
 	}
-	return setVersion(root, version, o.version)
+	return version, setVersion(root, version, o.version)
 }
 
 func (o *options) release(ctx context.Context, root string, stdout, stderr io.Writer) error {

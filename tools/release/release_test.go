@@ -233,3 +233,34 @@ func TestSBOM(t *testing.T) {
 		t.Error("the same binary gave two documents")
 	}
 }
+
+// -set-version with a new version writes it and stops: a release records a commit, so nothing is
+// built from the uncommitted change.
+func TestRunSetVersionStops(t *testing.T) {
+	root := t.TempDir()
+	for f, s := range map[string]string{
+		"go.mod":        "module github.com/raysync/raysync\n",
+		chartFile:       "version: 0.2.0\nappVersion: \"0.2.0\"\n",
+		versionFiles[0]: "    app.kubernetes.io/version: \"0.2.0\"\n",
+		versionFiles[1]: "    app.kubernetes.io/version: \"0.2.0\"\n",
+	} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(root)
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"-version", "0.3.0", "-registry", "r.example/x/", "-set-version"}, &out, &errOut); code != 0 ||
+		!strings.Contains(out.String(), "0.2.0 → 0.3.0") || !strings.Contains(out.String(), "make release VERSION=0.3.0 REGISTRY=r.example/x\n") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, chartFile)); string(b) != "version: 0.3.0\nappVersion: \"0.3.0\"\n" {
+		t.Errorf("Chart.yaml: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(root, "dist")); err == nil {
+		t.Error("dist/ was written")
+	}
+}
