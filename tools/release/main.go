@@ -155,20 +155,10 @@ func (o *options) release(ctx context.Context, root string, stdout, stderr io.Wr
 	}
 
 	image := o.registry + "/raysync:" + o.version
-	tool, err := framework.EnsureTool(ctx, framework.ImageToolName, "e2e/tools/image", ".", logf)
+	digest, err := o.pushImage(ctx, image, imageBins, commit, created, logf)
 	if err != nil {
 		return err
 	}
-	args := append([]string{"index", "-ref", image, "-created", strconv.FormatInt(created.Unix(), 10),
-		"-label", "org.opencontainers.image.title=raysync", "-label", "org.opencontainers.image.version=" + o.version,
-		"-label", "org.opencontainers.image.revision=" + commit, "-label", "org.opencontainers.image.source=" + source,
-		"-label", "org.opencontainers.image.created=" + created.Format(time.RFC3339)}, imageBins...)
-	args = append(args, o.registryFlags("-ca", "-plain-http")...)
-	out, err := exec.CommandContext(ctx, tool, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("push image %s: %v\n%s", image, err, out)
-	}
-	digest := strings.TrimSpace(string(out))
 	logf("pushed %s (%s)", image, digest)
 
 	chart, err := o.packageChart(ctx, root, dist, logf)
@@ -181,6 +171,25 @@ func (o *options) release(ctx context.Context, root string, stdout, stderr io.Wr
 	fmt.Fprintf(stdout, "image  %s\n       %s\nchart  oci://%s/charts/raysync --version %s\nfiles  %s (binaries, SBOMs, %s, SHA256SUMS)\n",
 		image, digest, o.registry, o.version, dist, filepath.Base(chart))
 	return nil
+}
+
+// pushImage pushes the OCI index of the linux binaries (-binary OS/ARCH=FILE pairs) with the image
+// tool and returns its digest reference.
+func (o *options) pushImage(ctx context.Context, image string, bins []string, commit string, created time.Time, logf func(string, ...any)) (string, error) {
+	tool, err := framework.EnsureTool(ctx, framework.ImageToolName, "e2e/tools/image", ".", logf)
+	if err != nil {
+		return "", err
+	}
+	args := []string{"index", "-ref", image, "-created", strconv.FormatInt(created.Unix(), 10)}
+	for _, l := range []string{"title=raysync", "version=" + o.version, "revision=" + commit, "source=" + source, "created=" + created.Format(time.RFC3339)} {
+		args = append(args, "-label", "org.opencontainers.image."+l)
+	}
+	args = append(append(args, bins...), o.registryFlags("-ca", "-plain-http")...)
+	out, err := exec.CommandContext(ctx, tool, args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("push image %s: %v\n%s", image, err, out)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // registryFlags are the CA and plain-HTTP flags under the names a tool takes them.
