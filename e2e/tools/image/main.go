@@ -4,6 +4,7 @@
 //	image build -binary bin/syncer -out raysync.tar   # one layer with /syncer, numeric non-root user, entrypoint
 //	image inspect raysync.tar                         # JSON: user, entrypoint, files of every layer
 //	image single -binary F -entrypoint /pause -ref R -out T  # the real node's one-binary images
+//	image rootfs -layer L.tar.gz -ref R -out T -user U -workdir D -env K=V,...  # a root filesystem as one layer
 //	image push -tar T -ref R -ca CA -auth FILE               # push to the real node's registry (FILE: user:password)
 //	image htpasswd -auth FILE                                # the registry's htpasswd line (bcrypt) for FILE
 //	image index -ref R -binary linux/amd64=F ... -label K=V ... -created EPOCH [-ca CA]  # make release's image
@@ -60,6 +61,17 @@ func main() {
 		out := fs.String("out", "", "image tarball to write")
 		_ = fs.Parse(os.Args[2:])
 		fail(single(*bin, *ep, *ref, *out))
+	case "rootfs":
+		fs := flag.NewFlagSet("rootfs", flag.ExitOnError)
+		layer := fs.String("layer", "", "the root filesystem as a tar (gzip or plain)")
+		ref := fs.String("ref", "", "image reference recorded in the tarball")
+		out := fs.String("out", "", "image tarball to write")
+		u := fs.String("user", "", "user the image runs as (uid:gid)")
+		wd := fs.String("workdir", "/", "working directory")
+		env := fs.String("env", "", "comma-separated K=V")
+		cmd := fs.String("cmd", "", "comma-separated default command")
+		_ = fs.Parse(os.Args[2:])
+		fail(rootfs(*layer, *ref, *out, v1.Config{User: *u, WorkingDir: *wd, Env: split(*env), Cmd: split(*cmd)}))
 	case "push":
 		fs := flag.NewFlagSet("push", flag.ExitOnError)
 		tar := fs.String("tar", "", "image tarball")
@@ -129,6 +141,41 @@ func single(bin, entrypoint, ref, out string) error {
 		return err
 	}
 	return tarball.WriteToFile(out, r, img)
+}
+
+// rootfs writes a linux/amd64 image of one layer, a whole root filesystem (the Ray image: Debian from
+// debootstrap with Ray installed), with the given run configuration.
+func rootfs(layerPath, ref, out string, cfg v1.Config) error {
+	layer, err := tarball.LayerFromFile(layerPath)
+	if err != nil {
+		return err
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config = cfg
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return err
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return err
+	}
+	return tarball.WriteToFile(out, r, img)
+}
+
+func split(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
 
 // binaryImage is an image of one layer on an empty base: the static binary bin at /path, mode 0555,
