@@ -36,6 +36,14 @@ func versionLine(version, commit string, info *debug.BuildInfo) string {
 	return fmt.Sprintf("syncer development build, not a release (commit %s, %s, %s)", orUnknown(commit), runtime.Version(), platform)
 }
 
+// releaseVersion is the version a running raysync logs at start: the release's, or "development build".
+func releaseVersion() string {
+	if version == "" {
+		return "development build"
+	}
+	return version
+}
+
 func orUnknown(s string) string {
 	if s == "" {
 		return "unknown"
