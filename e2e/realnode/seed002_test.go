@@ -189,7 +189,7 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 			",imagePullSecrets[0].name=regcred,pullSecrets[0]=platform-secrets/regcred"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if err := waitWebhookAnswers(ctx, cp); err != nil {
+	if err := waitWebhookAnswers(ctx, cp, "raysync", 2); err != nil {
 		t.Fatal(err)
 	}
 
@@ -259,30 +259,27 @@ func backOffWith401(ctx context.Context, cp *framework.ControlPlane, p *corev1.P
 	return false
 }
 
-// waitWebhookAnswers waits until the API server reaches raysync's webhook through its Service (kube-
-// proxy follows the pods' readiness, the EndpointSlice may lag 2/2 Ready by a second).
-func waitWebhookAnswers(ctx context.Context, cp *framework.ControlPlane) error {
+// waitWebhookAnswers waits until want replicas back raysync's webhook Service in ns (kube-proxy
+// follows the pods' readiness, and the EndpointSlice may lag Ready by a second), then for kube-proxy.
+func waitWebhookAnswers(ctx context.Context, cp *framework.ControlPlane, ns string, want int) error {
 	return wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		s, err := cp.Kube.DiscoveryV1().EndpointSlices("raysync").List(ctx, metav1.ListOptions{})
+		s, err := cp.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=raysync-webhook"})
 		if err != nil {
 			return false, nil
 		}
+		ready := 0
 		for _, sl := range s.Items {
-			if !strings.Contains(sl.Name, "webhook") {
-				continue
-			}
-			ready := 0
 			for _, e := range sl.Endpoints {
 				if e.Conditions.Ready != nil && *e.Conditions.Ready {
 					ready++
 				}
 			}
-			if ready == 2 {
-				time.Sleep(2 * time.Second) // kube-proxy's rules follow the slice
-				return true, nil
-			}
 		}
-		return false, nil
+		if ready < want {
+			return false, nil
+		}
+		time.Sleep(2 * time.Second) // kube-proxy's rules follow the slice
+		return true, nil
 	})
 }
 
