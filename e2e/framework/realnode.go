@@ -51,6 +51,9 @@ const (
 	RegistryHost = "registry.raysync.test:5000"
 	// registryAddr is where the registry listens (in the node's network namespace); the host pushes there.
 	registryAddr = NodeIP + ":5000"
+	// RegistryPush is registryAddr for other packages: the same registry, by the address the host reaches
+	// and the node also pulls from.
+	RegistryPush = registryAddr
 	// RegistryUser is the registry's one account; its password is generated per node (never logged).
 	RegistryUser = "raysync-e2e"
 
@@ -174,7 +177,7 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 }
 
 // ImageToolName names the cached build of e2e/tools/image; bump it when the tool changes.
-const ImageToolName = "image-5"
+const ImageToolName = "image-6"
 
 // RegistryVersion is distribution's registry (e2e/tools/registry).
 const RegistryVersion = "v3.1.2"
@@ -225,7 +228,7 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 	}
 	t0 := time.Now()
 	dir := filepath.Join(c.Dir, nodeSubdir)
-	for _, d := range []string{"registry/data", "containerd/certs.d/" + RegistryHost, "kubelet", "containerd/root", "containerd/state", "containerd/certs.d", "cni/net.d", "cni/bin", "cni/ipam", "bin"} {
+	for _, d := range []string{"registry/data", "containerd/certs.d/" + RegistryHost, "containerd/certs.d/" + registryAddr, "kubelet", "containerd/root", "containerd/state", "containerd/certs.d", "cni/net.d", "cni/bin", "cni/ipam", "bin"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
@@ -486,6 +489,14 @@ auth:
   capabilities = ["pull", "resolve"]
   ca = %q
 `, RegistryHost, RegistryHost, pk.caCert),
+		// The same registry by the address the host pushes to: an image pushed as 198.18.0.2:5000/… (make
+		// release's REGISTRY) pulls by that name.
+		"containerd/certs.d/" + registryAddr + "/hosts.toml": fmt.Sprintf(`server = "https://%s"
+
+[host."https://%s"]
+  capabilities = ["pull", "resolve"]
+  ca = %q
+`, registryAddr, registryAddr, pk.caCert),
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
@@ -516,15 +527,16 @@ func (c *ControlPlane) PushImage(ctx context.Context, tar, repoTag string) (stri
 	return RegistryHost + "/" + repoTag, nil
 }
 
-// RegistryPullSecret returns a kubernetes.io/dockerconfigjson Secret holding the registry's account.
+// RegistryPullSecret returns a kubernetes.io/dockerconfigjson Secret holding the registry's account under
+// both its names (RegistryHost, RegistryPush); its data is also a Docker config.json for pushes from the host.
 func (c *ControlPlane) RegistryPullSecret(namespace, name string) (*corev1.Secret, error) {
 	b, err := os.ReadFile(filepath.Join(c.Dir, nodeSubdir, "registry/auth"))
 	if err != nil {
 		return nil, err
 	}
 	user, pw, _ := strings.Cut(string(b), ":")
-	cfg, err := json.Marshal(map[string]any{"auths": map[string]any{RegistryHost: map[string]string{
-		"username": user, "password": pw, "auth": base64.StdEncoding.EncodeToString(b)}}})
+	account := map[string]string{"username": user, "password": pw, "auth": base64.StdEncoding.EncodeToString(b)}
+	cfg, err := json.Marshal(map[string]any{"auths": map[string]any{RegistryHost: account, RegistryPush: account}})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package standin
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -74,27 +75,33 @@ func (p *podRuntime) keepRunning(c *containerRuntime) {
 	}
 }
 
-// backOff waits before a restart, in CrashLoopBackOff, doubling each time up to 30 times the base
-// (the kubelet's 10 s .. 5 min).
+// backOff waits before a restart, in CrashLoopBackOff. As the kubelet's, the first restart is
+// immediate; from the second failure on it waits, doubling each time up to 30 times the base (the
+// kubelet's 10 s .. 5 min).
 func (p *podRuntime) backOff(c *containerRuntime) bool {
 	p.mu.Lock()
 	c.failures++
-	delay := backoffDelay(p.k.cfg.Backoff, c.failures)
-	last := c.state
-	c.state, c.last = waiting("CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", delay, c.spec.Name, p.pod.Name)), last
 	c.ready = false
-	p.mu.Unlock()
-	p.changed()
-	if !sleep(p.ctx, delay) {
-		return false
+	if c.failures > 1 {
+		delay := backoffDelay(p.k.cfg.Backoff, c.failures-1)
+		msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", delay, c.spec.Name, p.pod.Name)
+		c.state, c.last = waiting("CrashLoopBackOff", msg), c.state
+		p.event(c, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s_%s(%s)", c.spec.Name, p.pod.Name, p.pod.Namespace, p.pod.UID)
+		p.mu.Unlock()
+		p.changed()
+		if !sleep(p.ctx, delay) {
+			return false
+		}
+		p.mu.Lock()
+	} else {
+		c.last = c.state
 	}
-	p.mu.Lock()
 	c.restarts++
 	p.mu.Unlock()
 	if p.cluster.name != "" {
 		p.k.stats.restart(p.cluster)
 	}
-	return true
+	return p.ctx.Err() == nil
 }
 
 func backoffDelay(base time.Duration, failures int) time.Duration {
@@ -108,27 +115,8 @@ func backoffDelay(base time.Duration, failures int) time.Duration {
 // runOnce creates and runs a container once: pull its image, resolve its env, start it, wait for
 // its process to exit. ok is false when the pod is going away.
 func (p *podRuntime) runOnce(c *containerRuntime) (code int, ok bool) {
-	for {
-		err := pullImage(p.ctx, p.k.objects, p.pod, c.spec.Image, p.k.cfg.PrivateRegistry)
-		if err == nil {
-			break
-		}
-		p.mu.Lock()
-		c.pullFailures++
-		delay := backoffDelay(p.k.cfg.Backoff, c.pullFailures)
-		c.state = waiting("ErrImagePull", err.Error())
-		p.mu.Unlock()
-		p.changed()
-		if !sleep(p.ctx, min(delay, p.k.cfg.Backoff)) {
-			return 0, false
-		}
-		p.mu.Lock()
-		c.state = waiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q", c.spec.Image))
-		p.mu.Unlock()
-		p.changed()
-		if !sleep(p.ctx, delay) {
-			return 0, false
-		}
+	if !p.pull(c) {
+		return 0, false
 	}
 	var env map[string]string
 	for {
@@ -144,6 +132,7 @@ func (p *podRuntime) runOnce(c *containerRuntime) (code int, ok bool) {
 		}
 		p.mu.Lock()
 		c.state = waiting("CreateContainerConfigError", err.Error())
+		p.event(c, corev1.EventTypeWarning, "Failed", "Error: %v", err)
 		p.mu.Unlock()
 		p.changed()
 		if !sleep(p.ctx, p.k.cfg.Backoff) {
@@ -159,8 +148,11 @@ func (p *podRuntime) runOnce(c *containerRuntime) (code int, ok bool) {
 		c.fingerprint = auth.token.Fingerprint()
 	}
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}}
-	c.ready = p.real == nil && kindOf(p, c) == kindPlain
+	// Ready at once unless something must say so: a Ray process that joins, a readiness probe.
+	c.ready = !c.init && (p.real == nil && kindOf(p, c) == kindPlain || p.real != nil && c.spec.ReadinessProbe == nil)
 	restarts := c.restarts
+	p.event(c, corev1.EventTypeNormal, "Created", "Container created")
+	p.event(c, corev1.EventTypeNormal, "Started", "Container started")
 	p.mu.Unlock()
 	p.k.stats.started(ContainerStart{Namespace: p.pod.Namespace, Pod: p.pod.Name, PodUID: string(p.pod.UID),
 		Cluster: p.cluster.name, NodeType: p.role, Container: c.spec.Name, Init: c.init, RestartCount: restarts,
@@ -173,19 +165,64 @@ func (p *podRuntime) runOnce(c *containerRuntime) (code int, ok bool) {
 	} else {
 		code, reason = p.execute(c, env, auth, hasToken)
 	}
-	if p.ctx.Err() != nil {
-		return 0, false
-	}
 	p.mu.Lock()
 	if time.Since(started) > 60*p.k.cfg.Backoff {
 		c.failures = 0 // ran long enough: the kubelet forgets the back-off
 	}
-	c.ready = false
+	// A completed init container is ready, as the kubelet reports it.
+	c.ready = c.init && code == 0
 	c.state = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Reason: reason,
 		StartedAt: metav1.NewTime(started), FinishedAt: metav1.Now(), ContainerID: c.id}}
 	p.mu.Unlock()
+	if p.ctx.Err() != nil {
+		return 0, false // stopped for the pod's deletion: its terminal status says how it ended
+	}
 	p.changed()
 	return code, true
+}
+
+// pull "pulls" a container's image as the kubelet's image manager would, with its Events: an image
+// of the private registry without credentials fails and backs off until the pod's pull Secrets
+// hold them; any other image is present on the node unless the policy says Always. false: the pod
+// is going away.
+func (p *podRuntime) pull(c *containerRuntime) bool {
+	image := c.spec.Image
+	if c.spec.ImagePullPolicy != corev1.PullAlways && registryHost(image) != p.k.cfg.PrivateRegistry {
+		p.event(c, corev1.EventTypeNormal, "Pulled", "Container image %q already present on machine and can be accessed by the pod", image)
+		return true
+	}
+	for {
+		missing, err := pullImage(p.ctx, p.k.objects, p.pod, image, p.k.cfg.PrivateRegistry)
+		if len(missing) > 0 {
+			p.event(nil, corev1.EventTypeWarning, "FailedToRetrieveImagePullSecret",
+				"Unable to retrieve some image pull secrets (%s); attempting to pull the image may not succeed.", strings.Join(missing, ", "))
+		}
+		p.event(c, corev1.EventTypeNormal, "Pulling", "Pulling image %q", image)
+		if err == nil {
+			p.event(c, corev1.EventTypeNormal, "Pulled", "Successfully pulled image %q", image)
+			return true
+		}
+		p.event(c, corev1.EventTypeWarning, "Failed", "Failed to pull image %q: %v", image, err)
+		p.event(c, corev1.EventTypeWarning, "Failed", "Error: ErrImagePull")
+		p.mu.Lock()
+		c.pullFailures++
+		delay := backoffDelay(p.k.cfg.Backoff, c.pullFailures)
+		c.state = waiting("ErrImagePull", err.Error())
+		p.mu.Unlock()
+		p.changed()
+		if !sleep(p.ctx, min(delay, p.k.cfg.Backoff)) {
+			return false
+		}
+		p.event(c, corev1.EventTypeNormal, "BackOff", "Back-off pulling image %q", image)
+		p.event(c, corev1.EventTypeWarning, "Failed", "Error: ImagePullBackOff")
+		p.mu.Lock()
+		c.state = waiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q", image))
+		p.mu.Unlock()
+		p.changed()
+		if !sleep(p.ctx, delay) {
+			return false
+		}
+	}
 }
 
 // setReady marks a running container ready (a Ray process that joined its cluster).

@@ -9,8 +9,11 @@
 //   - resolves every container's env (value, secretKeyRef, configMapKeyRef, fieldRef, envFrom) once,
 //     when it creates the container, init containers first and in order; a missing Secret, ConfigMap
 //     or key leaves the container in CreateContainerConfigError (unless optional) and is retried;
-//   - restarts failed containers with an exponential back-off (CrashLoopBackOff), per restartPolicy;
-//   - writes pod status through the pods/status subresource, and finishes graceful deletions;
+//   - restarts failed containers per restartPolicy, the first time at once, then with an exponential
+//     back-off (CrashLoopBackOff);
+//   - writes pod status through the pods/status subresource (containers behind init containers wait
+//     PodInitializing), and finishes graceful deletions with the terminal status, then the object;
+//   - records the kubelet's Events (Pulled, Failed, BackOff, Created, Started, Killing, ...);
 //   - when it restarts, adopts the pods bound to its Node like a rebooted node: same IPs, containers
 //     started again and counted as restarts.
 //
@@ -26,6 +29,8 @@
 // they are data for the API server, Endpoints and EndpointSlices, never dialled. Everything the
 // stand-in serves listens on loopback: the KubeRay operator reaches heads and pod IPs through the
 // stand-in's HTTP proxy (HTTP_PROXY), which routes by Host and never opens a connection itself.
+//
+// TestStandInMatchesRealKubelet (e2e/realnode) compares all of this with a real kubelet.
 //
 // Not emulated: images and their contents, scheduling beyond binding to the one Node, probes,
 // resources, volumes, Ray itself beyond the calls above (no tasks, actors, autoscaling), gRPC, TLS,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,22 +52,21 @@ func credentialHosts(s *corev1.Secret) []string {
 // pullImage decides whether a container's image can be pulled. Images of privateRegistry need
 // credentials for it in one of the pod's imagePullSecrets; every other image pulls. The check runs
 // at every container creation, as if each image were pulled anew (imagePullPolicy: Always, or the
-// kubelet's KubeletEnsureSecretPulledImages): an image another pod pulled does not help.
-func pullImage(ctx context.Context, src objectSource, pod *corev1.Pod, image, privateRegistry string) error {
+// kubelet's KubeletEnsureSecretPulledImages): an image another pod pulled does not help. missing
+// names the pod's pull Secrets that do not exist (the kubelet warns about them and pulls without).
+func pullImage(ctx context.Context, src objectSource, pod *corev1.Pod, image, privateRegistry string) (missing []string, err error) {
 	host := registryHost(image)
-	if privateRegistry == "" || host != privateRegistry {
-		return nil
-	}
+	found := false
 	for _, ref := range pod.Spec.ImagePullSecrets {
 		s, err := src.Secret(ctx, pod.Namespace, ref.Name)
 		if err != nil {
-			continue // the kubelet only warns about a missing pull Secret and pulls without it
+			missing = append(missing, ref.Name)
+			continue
 		}
-		for _, h := range credentialHosts(s) {
-			if h == host {
-				return nil
-			}
-		}
+		found = found || slices.Contains(credentialHosts(s), host)
 	}
-	return fmt.Errorf("failed to pull image %q: pull access denied, repository does not exist or may require authorization: authorization failed: no basic auth credentials", image)
+	if privateRegistry == "" || host != privateRegistry || found {
+		return missing, nil
+	}
+	return missing, fmt.Errorf("failed to pull image %q: pull access denied, repository does not exist or may require authorization: authorization failed: no basic auth credentials", image)
 }

@@ -56,7 +56,7 @@ func TestPullNeedsCredentialsForThePrivateRegistryOnly(t *testing.T) {
 			for _, s := range tc.secrets {
 				pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 			}
-			err := pullImage(context.Background(), objects, pod, tc.image, private)
+			_, err := pullImage(context.Background(), objects, pod, tc.image, private)
 			if (err == nil) != tc.pulls {
 				t.Fatalf("pullImage = %v, want pulled=%v", err, tc.pulls)
 			}

@@ -14,8 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 )
 
 // Namespace annotations the stand-in honours, for tests that need pods to stay as they were
@@ -59,6 +62,9 @@ type Kubelet struct {
 	objects objectSource
 	log     *slog.Logger
 	nsl     corelisters.NamespaceLister
+	// events records the kubelet's Events (source component "kubelet", as the real one's).
+	events      record.EventRecorder
+	broadcaster record.EventBroadcaster
 
 	real *realRuntime // nil: no real processes
 
@@ -78,6 +84,9 @@ func NewKubelet(cfg Config, kube kubernetes.Interface, factory informers.SharedI
 		return nil, fmt.Errorf("real Ray: %w", err)
 	}
 	k.real = real
+	k.broadcaster = record.NewBroadcaster()
+	k.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	k.events = k.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.NodeName})
 	core := factory.Core().V1()
 	k.nsl = core.Namespaces().Lister()
 	k.router = &router{services: core.Services().Lister(), pods: core.Pods().Lister(), dir: k}
@@ -165,8 +174,12 @@ func (k *Kubelet) namespaceOptions(namespace string) (delay time.Duration, start
 	return k.cfg.StartDelay, true, real
 }
 
-// Close deletes the node network of real pods (their processes end with the stand-in).
-func (k *Kubelet) Close() { k.real.close() }
+// Close deletes the node network of real pods (their processes end with the stand-in) and flushes
+// the Events.
+func (k *Kubelet) Close() {
+	k.real.close()
+	k.broadcaster.Shutdown()
+}
 
 // terminate stops a pod's containers; finalize then deletes the pod object for good, as the
 // kubelet does at the end of a graceful deletion.
@@ -183,6 +196,11 @@ func (k *Kubelet) terminate(uid types.UID, finalize bool) {
 		return
 	}
 	p.terminating = true
+	for _, c := range append(append([]*containerRuntime{}, p.init...), p.main...) {
+		if c.state.Running != nil {
+			p.event(c, corev1.EventTypeNormal, "Killing", "Stopping container %s", c.spec.Name)
+		}
+	}
 	p.mu.Unlock()
 	go func() {
 		p.cancel()
@@ -202,6 +220,18 @@ func (k *Kubelet) terminate(uid types.UID, finalize bool) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		// The kubelet writes the pod's terminal status (containers terminated, phase Succeeded or
+		// Failed) before it deletes the object.
+		p.mu.Lock()
+		v := p.view()
+		v.terminal = true
+		status := podStatus(v, p.conditions, time.Now())
+		p.mu.Unlock()
+		if v.bound {
+			if err := k.writeStatus(ctx, p.pod, status); err != nil && !isGone(err) {
+				k.log.Warn("write terminal pod status", "pod", p.String(), "err", err)
+			}
+		}
 		err := k.kube.CoreV1().Pods(p.pod.Namespace).Delete(ctx, p.pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &p.pod.UID}})
 		if err != nil && !isGone(err) {

@@ -2,6 +2,7 @@ package standin
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -318,6 +319,12 @@ func TestDeletionIsFinished(t *testing.T) {
 	if tk.headOf(clusterKey{testNS, "c"}) != nil {
 		t.Error("the head of a deleted pod still answers")
 	}
+	// As the real kubelet, the last status before the object goes is terminal.
+	writes := tk.statusWrites("c-head")
+	last := writes[len(writes)-1]
+	if last.Phase != corev1.PodSucceeded || len(last.ContainerStatuses) != 1 || last.ContainerStatuses[0].State.Terminated == nil {
+		t.Errorf("last status written: phase %s, containers %+v; want Succeeded, terminated", last.Phase, last.ContainerStatuses)
+	}
 }
 
 func TestNamespaceAnnotations(t *testing.T) {
@@ -352,4 +359,81 @@ func TestARestartedStandInAdoptsItsPods(t *testing.T) {
 		st := tk.apiPod("c-head").Status
 		return st.StartTime != nil && st.StartTime.Equal(&started) && len(st.ContainerStatuses) == 1 && st.ContainerStatuses[0].RestartCount == 3
 	})
+}
+
+// statusWrites are the pod statuses the kubelet wrote for pod, in order.
+func (tk *testKubelet) statusWrites(pod string) []corev1.PodStatus {
+	tk.t.Helper()
+	var out []corev1.PodStatus
+	for _, a := range tk.kube.Actions() {
+		p, ok := a.(k8stesting.PatchAction)
+		if !ok || a.GetSubresource() != "status" || p.GetName() != pod {
+			continue
+		}
+		var body struct{ Status corev1.PodStatus }
+		if err := json.Unmarshal(p.GetPatch(), &body); err != nil {
+			tk.t.Fatal(err)
+		}
+		out = append(out, body.Status)
+	}
+	return out
+}
+
+// The real kubelet (TestStandInMatchesRealKubelet): containers behind init containers wait with
+// PodInitializing (a reason raysync reads as "env not read yet"), a completed init container is
+// ready, and every step has the kubelet's Event.
+func TestInitContainersLikeTheKubelet(t *testing.T) {
+	tk := startTestKubelet(t, tokenSecret("c", "tok"))
+	pod := rayPod("c-worker", "worker", "c", "c")
+	pod.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "rayproject/ray:2.52.0",
+		Env: []corev1.EnvVar{secretEnv("X", "later", "k", false)}}}
+	tk.create(pod)
+	eventually(t, 5*time.Second, "init container in CreateContainerConfigError", func() bool {
+		st := tk.apiPod("c-worker").Status
+		return len(st.InitContainerStatuses) == 1 && st.InitContainerStatuses[0].State.Waiting != nil &&
+			st.InitContainerStatuses[0].State.Waiting.Reason == "CreateContainerConfigError"
+	})
+	if w := tk.apiPod("c-worker").Status.ContainerStatuses[0].State.Waiting; w == nil || w.Reason != "PodInitializing" {
+		t.Errorf("the container behind a waiting init container: %+v, want waiting PodInitializing", w)
+	}
+	tk.create(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "later", Namespace: testNS}, Data: map[string][]byte{"k": []byte("v")}})
+	eventually(t, 5*time.Second, "init container completed", func() bool {
+		st := tk.apiPod("c-worker").Status
+		return len(st.InitContainerStatuses) == 1 && st.InitContainerStatuses[0].State.Terminated != nil
+	})
+	eventually(t, 5*time.Second, "a completed init container is ready", func() bool {
+		return tk.apiPod("c-worker").Status.InitContainerStatuses[0].Ready
+	})
+	eventually(t, 5*time.Second, "the kubelet's Events", func() bool {
+		evs, err := tk.kube.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		reasons := map[string]bool{}
+		for _, e := range evs.Items {
+			if e.Source.Component == "kubelet" && e.InvolvedObject.Name == "c-worker" {
+				reasons[e.Reason] = true
+			}
+		}
+		return reasons["Failed"] && reasons["Pulled"] && reasons["Created"] && reasons["Started"]
+	})
+}
+
+// The real kubelet restarts a container that failed for the first time at once, and backs off
+// from the second failure: the first CrashLoopBackOff follows the second run (restartCount 1).
+func TestFirstCrashRestartsAtOnce(t *testing.T) {
+	tk := startTestKubelet(t, tokenSecret("c", "tok-head"), tokenSecret("w", "tok-other"))
+	tk.create(rayPod("c-head", "head", "c", "c"))
+	tk.waitContainer("c-head", "ray-head", "head running", isRunning)
+	tk.create(rayPod("c-worker", "worker", "c", "w"))
+	tk.waitContainer("c-worker", "ray-worker", "two restarts", func(c ContainerReport) bool { return c.RestartCount >= 2 })
+	for _, st := range tk.statusWrites("c-worker") {
+		if cs := st.ContainerStatuses; len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "CrashLoopBackOff" {
+			if cs[0].RestartCount != 1 || cs[0].LastTerminationState.Terminated == nil {
+				t.Errorf("first CrashLoopBackOff: restartCount %d, last termination %+v; want 1 and the second run's", cs[0].RestartCount, cs[0].LastTerminationState)
+			}
+			return
+		}
+	}
+	t.Error("no CrashLoopBackOff written")
 }

@@ -2,6 +2,7 @@ package standin
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ type podRuntime struct {
 
 	mu          sync.Mutex
 	bound       bool
+	sandbox     bool // the pod's network and files are set up (PodReadyToStartContainers)
 	ip          string
 	startTime   time.Time
 	initDone    bool
@@ -89,8 +91,11 @@ func (p *podRuntime) run(delay time.Duration) {
 	} else {
 		p.ip = p.k.assignIP(p)
 	}
-	for _, c := range p.main {
-		c.state = waiting("ContainerCreating", "")
+	if len(p.init) == 0 {
+		// With init containers, the kubelet says PodInitializing until it creates the containers.
+		for _, c := range p.main {
+			c.state = waiting("ContainerCreating", "")
+		}
 	}
 	p.mu.Unlock()
 	wg.Add(1)
@@ -99,6 +104,10 @@ func (p *podRuntime) run(delay time.Duration) {
 	if p.wantsReal && !p.setUpReal() {
 		return
 	}
+	p.mu.Lock()
+	p.sandbox = true
+	p.mu.Unlock()
+	p.changed()
 
 	for _, c := range p.init {
 		if c.spec.RestartPolicy != nil && *c.spec.RestartPolicy == corev1.ContainerRestartPolicyAlways {
@@ -137,6 +146,18 @@ func (p *podRuntime) adoptRestartCounts() {
 	}
 }
 
+// event records one of the kubelet's Events about the pod, or about its container c (nil: the pod).
+func (p *podRuntime) event(c *containerRuntime, eventType, reason, format string, args ...any) {
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: p.pod.Namespace, Name: p.pod.Name, UID: p.pod.UID}
+	if c != nil {
+		ref.FieldPath = fmt.Sprintf("spec.containers{%s}", c.spec.Name)
+		if c.init {
+			ref.FieldPath = fmt.Sprintf("spec.initContainers{%s}", c.spec.Name)
+		}
+	}
+	p.k.events.Eventf(ref, eventType, reason, format, args...)
+}
+
 // changed asks the status writer to publish the pod's state.
 func (p *podRuntime) changed() {
 	select {
@@ -146,7 +167,7 @@ func (p *podRuntime) changed() {
 }
 
 func (p *podRuntime) view() podView {
-	v := podView{bound: p.bound, podIP: p.ip, startTime: p.startTime, initDone: p.initDone || len(p.init) == 0,
+	v := podView{bound: p.bound, sandbox: p.sandbox, podIP: p.ip, startTime: p.startTime, initDone: p.initDone || len(p.init) == 0,
 		initFailed: p.initFailed, restartPolicy: p.pod.Spec.RestartPolicy}
 	if p.bound {
 		v.hostIP = nodeIP

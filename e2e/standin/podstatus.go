@@ -21,6 +21,8 @@ type containerView struct {
 // podView is a pod as the status writer sees it.
 type podView struct {
 	bound          bool
+	sandbox        bool // the pod's sandbox is ready (PodReadyToStartContainers)
+	terminal       bool // the pod is being deleted and its containers have stopped
 	podIP, hostIP  string
 	startTime      time.Time
 	initDone       bool
@@ -60,6 +62,10 @@ func podPhase(v podView) corev1.PodPhase {
 		return corev1.PodPending
 	case running > 0:
 		return corev1.PodRunning
+	case stopped > 0 && v.terminal && stopped == succeeded:
+		return corev1.PodSucceeded // a deleted pod's containers will not restart
+	case stopped > 0 && v.terminal:
+		return corev1.PodFailed
 	case stopped > 0 && v.restartPolicy == corev1.RestartPolicyAlways:
 		return corev1.PodRunning
 	case stopped > 0 && stopped == succeeded:
@@ -111,7 +117,7 @@ func podConditions(v podView, phase corev1.PodPhase, prev []corev1.PodCondition,
 	}
 	ready := len(unready) == 0 && v.initDone && !terminal
 	return []corev1.PodCondition{
-		cond(corev1.PodReadyToStartContainers, v.bound && !terminal, "", nil),
+		cond(corev1.PodReadyToStartContainers, v.sandbox && !terminal, "", nil),
 		cond(corev1.PodInitialized, v.initDone, "ContainersNotInitialized", incomplete),
 		cond(corev1.PodReady, ready, readyReason, unready),
 		cond(corev1.ContainersReady, ready, readyReason, unready),

@@ -457,6 +457,7 @@ func (p *podRuntime) probe(c *containerRuntime, pr *corev1.Probe, exited chan st
 			c.ready = c.state.Running != nil
 		default:
 			failures++
+			p.event(c, corev1.EventTypeWarning, "Unhealthy", "Readiness probe failed: ")
 			if failures >= threshold {
 				c.ready = false
 			}

@@ -244,6 +244,12 @@ func TestReadWindowIsStrict(t *testing.T) {
 			pod: rayPod("c1-head", "c1", withStatuses(nil, waitingOn("ray-head", "ImagePullBackOff"), waitingOn("sidecar", "ErrImagePull")))},
 		"the init container pulls its image, the others wait for it: written": {secret: kuberaysOld(), write: true,
 			pod: rayPod("c1-head", "c1", withStatuses([]corev1.ContainerStatus{waitingOn("wait-gcs-ready", "ImagePullBackOff")}, waitingOn("ray-head", "PodInitializing")))},
+		// A real kubelet shows PodInitializing on the init container it is creating, its env read.
+		"the first init container in PodInitializing (the kubelet may be creating it): may have been read": {secret: kuberaysOld(),
+			pod: rayPod("c1-head", "c1", withStatuses([]corev1.ContainerStatus{waitingOn("wait-gcs-ready", "PodInitializing")}, waitingOn("ray-head", "PodInitializing")))},
+		"the second init container waits for the first, which pulls its image: written": {secret: kuberaysOld(), write: true,
+			pod: rayPod("c1-head", "c1", withStatuses([]corev1.ContainerStatus{waitingOn("wait-gcs-ready", "ImagePullBackOff"), waitingOn("fetch", "PodInitializing")},
+				waitingOn("ray-head", "PodInitializing")))},
 		"a young Secret raysync saw created, a container being created: may have been read": {secret: kuberaysNew(),
 			pod: rayPod("c1-head", "c1", withStatuses(nil, waitingOn("ray-head", "ContainerCreating")))},
 		"a young Secret raysync saw created, the kubelet said nothing yet: written (kubelet start latency)": {secret: kuberaysNew(), write: true,

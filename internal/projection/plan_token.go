@@ -401,7 +401,7 @@ func allOf[T any](s []T, f func(T) bool) bool {
 }
 
 // beforeEnv are the waiting reasons of a container whose env the kubelet has not resolved yet.
-var beforeEnv = []string{"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "PodInitializing"}
+var beforeEnv = []string{"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}
 
 func podMayHaveRead(p *corev1.Pod, young bool) bool {
 	if podStarted(p) {
@@ -414,9 +414,36 @@ func podMayHaveRead(p *corev1.Pod, young bool) bool {
 	if len(all) == 0 {
 		return !young
 	}
-	return slices.ContainsFunc(all, func(cs corev1.ContainerStatus) bool {
-		return cs.State.Waiting == nil || !slices.Contains(beforeEnv, cs.State.Waiting.Reason)
-	})
+	first := firstInitContainer(p)
+	return slices.ContainsFunc(all, func(cs corev1.ContainerStatus) bool { return !waitsBeforeEnv(cs, first) })
+}
+
+// waitsBeforeEnv reports whether a container of a pod where nothing has started waits for something
+// that comes before the kubelet reads its env. PodInitializing is no such reason by itself: it is the
+// kubelet's default state in a pod with init containers, shown for every container until it runs, so
+// also while the kubelet creates it, its env read (seen on a real kubelet, TestStandInMatchesRealKubelet).
+// It says "not read" only behind the first init container: the kubelet creates init containers in
+// order and the containers after all of them, and in a pod where nothing has started none completed.
+func waitsBeforeEnv(cs corev1.ContainerStatus, firstInit string) bool {
+	switch w := cs.State.Waiting; {
+	case w == nil:
+		return false
+	case w.Reason == "PodInitializing":
+		return cs.Name != firstInit
+	default:
+		return slices.Contains(beforeEnv, w.Reason)
+	}
+}
+
+// firstInitContainer names the init container the kubelet creates first ("" if the pod has none).
+func firstInitContainer(p *corev1.Pod) string {
+	switch {
+	case len(p.Spec.InitContainers) > 0:
+		return p.Spec.InitContainers[0].Name
+	case len(p.Status.InitContainerStatuses) > 0:
+		return p.Status.InitContainerStatuses[0].Name
+	}
+	return ""
 }
 
 func projectedMessage(source types.NamespacedName) string {

@@ -1,7 +1,9 @@
 // Command pause is the real node's sandbox image (as Kubernetes' pause: sleep until told to stop,
 // reap orphans) and the e2e tests' tiny workload image: `pause env NAME...` prints those variables
 // first, `pause env -once NAME...` prints them and exits (for exec); `pause resolve NAME...` prints
-// what the pod's DNS (its /etc/resolv.conf, written by the kubelet) answers for each name, and exits.
+// what the pod's DNS (its /etc/resolv.conf, written by the kubelet) answers for each name, and exits;
+// `pause exit CODE` exits with CODE at once (a crashing container), `pause sleep DURATION` exits 0
+// after DURATION (an init container that waits).
 package main
 
 import (
@@ -9,12 +11,31 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
 	args := os.Args[1:]
+	if len(args) == 2 && args[0] == "exit" {
+		code, err := strconv.Atoi(args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(code)
+	}
+	if len(args) == 2 && args[0] == "sleep" {
+		d, err := time.ParseDuration(args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		time.Sleep(d)
+		return
+	}
 	if len(args) > 0 && args[0] == "resolve" {
 		failed := false
 		for _, n := range args[1:] {
