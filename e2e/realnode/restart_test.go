@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -24,8 +25,10 @@ import (
 // for its token the whole time. raysync is installed from the registry by helm with the restart
 // policy for RayClusters; the canonical token rotates several times in a row; after each restart
 // every Ray container's environment, as the kubelet resolved it (read from inside the container with
-// `kubectl exec … printenv`), is compared with the token raysync wrote. The count is printed; any
-// container on another token fails the test. Tokens are compared in the test, never printed.
+// `kubectl exec … printenv`), is compared with the token raysync wrote. Then the cluster is deleted
+// and created again under its name right after a rotation, the client pod still reading a Secret of
+// that name. The counts are printed; any container on another token fails the test. Tokens are
+// compared in the test, never printed.
 func TestRealNodeRestartStartsEveryContainerOnTheWrittenToken(t *testing.T) {
 	cp := startNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -139,6 +142,38 @@ func TestRealNodeRestartStartsEveryContainerOnTheWrittenToken(t *testing.T) {
 	}
 	t.Logf("MEASURE restart policy, %d restarts in a row, the cluster's Secret read by another pod on the node throughout: %d of %d Ray containers started with a token other than the one raysync wrote; source write → new head and worker Ready: %s",
 		rounds, totalStale, total, strings.Join(took, ", "))
+
+	// A new cluster born while another pod on the node already reads a Secret of its name: the
+	// cluster is deleted (its Secret goes with it), the token rotates while no cluster exists, and
+	// the cluster is created again at once under the same name (a GitOps delete and re-create).
+	if err := cp.Dynamic.Resource(rayClusterGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + name})
+		_, serr := cp.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && len(pods.Items) == 0 && apierrors.IsNotFound(serr), nil
+	}); err != nil {
+		t.Fatalf("the deleted cluster's pods or Secret never went: %v", err)
+	}
+	r := rounds + 1
+	tokens = append(tokens, token(r))
+	s, err := cp.Kube.CoreV1().Secrets(platform).Get(ctx, "ray-token", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Data = map[string][]byte{"auth_token": []byte(tokens[r])}
+	if _, err := cp.Kube.CoreV1().Secrets(platform).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reborn := time.Now()
+	rc.SetResourceVersion("")
+	if _, err := cp.Dynamic.Resource(rayClusterGVR).Namespace(ns).Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	all, stale := check(r, waitClusterPods(ctx, t, cp, ns, name, reborn), tokens[r])
+	t.Logf("MEASURE a cluster re-created under its name right after a rotation, a pod on the node reading a Secret of that name throughout: %d of %d Ray containers on another token than the canonical one", stale, all)
+	logWebhookLatency(ctx, t, cp)
 	// The client pod never restarted: it still holds the token it started with (a secretKeyRef is
 	// resolved once per container start), as the README says of clients reading the Secret.
 	if p, err := cp.Kube.CoreV1().Pods(ns).Get(ctx, client.Name, metav1.GetOptions{}); err != nil || p.Status.ContainerStatuses[0].RestartCount != 0 {
@@ -240,4 +275,37 @@ func waitWebhookEndpoint(ctx context.Context, cp *framework.ControlPlane, ns str
 		}
 		return false, nil
 	})
+}
+
+// logWebhookLatency prints the API server's own measure of raysync's pod webhook: calls and the mean
+// time each added to a pod's creation (apiserver_admission_webhook_admission_duration_seconds).
+func logWebhookLatency(ctx context.Context, t *testing.T, cp *framework.ControlPlane) {
+	t.Helper()
+	raw, err := cp.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		t.Errorf("the API server's metrics: %v", err)
+		return
+	}
+	var sum, count float64
+	for _, l := range strings.Split(string(raw), "\n") {
+		if !strings.Contains(l, `name="pods.raysync.dev"`) || !strings.Contains(l, `operation="CREATE"`) {
+			continue
+		}
+		f := strings.Fields(l)
+		var v float64
+		if _, err := fmt.Sscan(f[len(f)-1], &v); err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(l, "apiserver_admission_webhook_admission_duration_seconds_sum{"):
+			sum += v
+		case strings.HasPrefix(l, "apiserver_admission_webhook_admission_duration_seconds_count{"):
+			count += v
+		}
+	}
+	if count == 0 {
+		t.Errorf("the API server measured no call of raysync's pod webhook")
+		return
+	}
+	t.Logf("MEASURE raysync's pod webhook as the API server measured it: %.0f pod creations, %.1f ms each on average", count, 1000*sum/count)
 }
