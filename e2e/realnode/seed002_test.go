@@ -3,6 +3,8 @@ package realnode
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,6 +202,7 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 	}
 	first := waitRayServiceServing(ctx, t, cp, ns, "svc", "")
 	t.Logf("MEASURE RayService with the private image → Ready (cluster %s, every pod pulled with the pull secret raysync added) in %s", first, time.Since(t0).Round(time.Millisecond))
+	waitServes(ctx, t, cp, ns, "svc", "hello from blue")
 
 	// Blue-green: a new rayClusterConfig makes KubeRay create a new cluster; its pods pull too.
 	t1 := time.Now()
@@ -214,6 +217,7 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 	}
 	second := waitRayServiceServing(ctx, t, cp, ns, "svc", first)
 	t.Logf("MEASURE blue-green upgrade → the new cluster %s serves, the old one gone, in %s", second, time.Since(t1).Round(time.Millisecond))
+	waitServes(ctx, t, cp, ns, "svc", "hello from green")
 
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
@@ -330,4 +334,28 @@ func waitRayServiceServing(ctx context.Context, t *testing.T, cp *framework.Cont
 		t.Fatalf("RayService %s/%s not serving on a new cluster: %s (%v)\nevents:\n%s", ns, name, why, err, events(ctx, cp.Kube, ns))
 	}
 	return active
+}
+
+// waitServes waits until the RayService's serve Service answers want (the Serve application on real
+// Ray, called by the Service's cluster name through the node's service proxy).
+func waitServes(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, name, want string) {
+	t.Helper()
+	client := cp.ServiceClient(5 * time.Second)
+	url := "http://" + name + "-serve-svc." + ns + ".svc.cluster.local:8000/"
+	var got string
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			got = err.Error()
+			return false, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		got = fmt.Sprintf("HTTP %d %s", resp.StatusCode, b)
+		return resp.StatusCode == http.StatusOK && string(b) == want, nil
+	}); err != nil {
+		t.Fatalf("%s: %s, want %q", url, got, want)
+	}
+	t.Logf("%s answers %q", url, want)
 }
