@@ -1,0 +1,324 @@
+package realnode
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+// TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation is seed 000 on the real node: one
+// canonical token through every blue-green upgrade and a rotation. raysync, installed from the
+// registry, projects the canonical Secret into each RayService cluster's auth Secret; the RayService
+// serves a real Serve application and takes jobs. `ray job submit` from outside the node (Ray's own
+// CLI through `kubectl port-forward`, as a CI pipeline would) with the canonical Secret's value
+// works on the first cluster, after a blue-green upgrade and after a rotation, which raysync carries
+// out by having KubeRay replace the cluster. Every Ray container's environment, as the real kubelet
+// resolved it (read from inside the container), holds the canonical token of its time. A client
+// calling Serve every 250 ms throughout sees no error; one calling the Jobs API with the canonical
+// token is refused only from the rotation until the new cluster serves (the README's window). Both
+// open a connection per call; a keep-alive Serve client is measured beside them (its connection stays
+// on the old cluster's head until KubeRay deletes it).
+func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
+	cp := startNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	image, err := cp.PushRayImage(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	venv, err := framework.EnsureRay(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const platform, ns, name = "raysync", "seed000", "svc"
+	for _, n := range []string{platform, ns} {
+		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitServiceAccount(ctx, t, cp.Kube, n)
+	}
+	token := func(r int) string { return fmt.Sprintf("seed000-canonical-%d-%d", r, time.Now().UnixNano()) }
+	t1 := token(1)
+	if _, err := cp.Kube.CoreV1().Secrets(platform).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
+		StringData: map[string]string{"auth_token": t1}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	installRaysync(ctx, t, cp, platform, "0.2.0-seed000", "namespaces[0]="+ns, "replicas=1")
+	if _, err := cp.Kube.CoreV1().ConfigMaps(ns).Create(ctx, serveAppConfigMap(t, ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	services := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns)
+	t0 := time.Now()
+	rs := rayService(ns, name, image, "blue")
+	// KubeRay deletes the old cluster this long after the switch (its default is 60 s): long enough
+	// for the serve Service's endpoints and kube-proxy to leave the old head before its pods go.
+	rs.Object["spec"].(map[string]any)["rayClusterDeletionDelaySeconds"] = int64(30)
+	if _, err := services.Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	blue := waitRayServiceServing(ctx, t, cp, ns, name, "")
+	ready := time.Since(t0)
+
+	kubectl, err := framework.Kubectl(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// startedWith checks every Ray container of cluster from inside: its RAY_AUTH_TOKEN is want.
+	startedWith := func(cluster, want, when string) {
+		t.Helper()
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + cluster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, p := range pods.Items {
+			for _, c := range p.Spec.Containers {
+				out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cp.Kubeconfig, "-n", ns, "exec", p.Name, "-c", c.Name, "--",
+					"printenv", "RAY_AUTH_TOKEN").Output()
+				if err != nil || strings.TrimSpace(string(out)) != want {
+					t.Errorf("%s: %s/%s does not hold the canonical token in its environment (%v)", when, p.Name, c.Name, err)
+				}
+				n++
+			}
+		}
+		if n < 2 {
+			t.Errorf("%s: %d Ray containers in cluster %s", when, n, cluster)
+		}
+	}
+	// submit runs `ray job submit` from the host through `kubectl port-forward` to the head Service
+	// with tok as the canonical Secret's value, and says whether the job ran.
+	submit := func(tok, when string) {
+		t.Helper()
+		pf := exec.CommandContext(ctx, kubectl, "--kubeconfig", cp.Kubeconfig, "-n", ns, "port-forward", "svc/"+name+"-head-svc", ":8265")
+		stdout, err := pf.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = pf.Process.Kill(); _ = pf.Wait() }()
+		port := make(chan string, 1)
+		go func() {
+			re := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+)`)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				if m := re.FindStringSubmatch(sc.Text()); m != nil {
+					port <- m[1]
+				}
+			}
+			_, _ = io.Copy(io.Discard, stdout)
+		}()
+		var p string
+		select {
+		case p = <-port:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: kubectl port-forward never said where it listens", when)
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer ccancel()
+		cmd := exec.CommandContext(cctx, filepath.Join(venv, "bin", "ray"), "job", "submit", "--address", "http://127.0.0.1:"+p, "--",
+			"python", "-c", "print('seed000 job ran')")
+		cmd.Env = []string{"PATH=" + filepath.Join(venv, "bin") + ":/usr/bin:/bin", "HOME=" + t.TempDir(), "LANG=C.UTF-8",
+			"RAY_USAGE_STATS_ENABLED=0", "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + tok}
+		t.Helper()
+		began := time.Now()
+		out, err := cmd.CombinedOutput()
+		text := strings.ReplaceAll(string(out), tok, "<token>")
+		if err != nil || !strings.Contains(text, "seed000 job ran") || !strings.Contains(text, "succeeded") {
+			t.Errorf("%s: ray job submit through kubectl port-forward with the canonical token: %v\n%s", when, err, lastLinesOf(text, 20))
+			return
+		}
+		t.Logf("%s: ray job submit through kubectl port-forward with the canonical token: succeeded in %s", when, time.Since(began).Round(100*time.Millisecond))
+	}
+	startedWith(blue, t1, "first cluster")
+	submit(t1, "first cluster")
+
+	// Clients from outside the node, by Service name through the harness's proxy.
+	var canonical atomic.Value
+	canonical.Store(t1)
+	// Each asserted client opens a connection per call (a cron job, a CI step); a keep-alive client's
+	// connection stays on the pod it reached until that pod goes, which is reported, not asserted.
+	proxy, err := url.Parse(cp.ServiceProxyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve, jobs, keepAlive := &callLog{}, &callLog{}, &callLog{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	loop := func(log *callLog, url string, tok func() string, reuse bool) {
+		defer wg.Done()
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: !reuse}}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if v := tok(); v != "" {
+				req.Header.Set("Authorization", "Bearer "+v)
+			}
+			at := time.Now()
+			resp, err := client.Do(req)
+			if err != nil {
+				log.add(0, err.Error(), at)
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			log.took(time.Since(at), at)
+			log.add(resp.StatusCode, strings.TrimSpace(string(b)), at)
+		}
+	}
+	serveURL := "http://" + name + "-serve-svc." + ns + ".svc.cluster.local:8000/"
+	wg.Add(3)
+	go loop(serve, serveURL, func() string { return "" }, false)
+	go loop(keepAlive, serveURL, func() string { return "" }, true)
+	go loop(jobs, "http://"+name+"-head-svc."+ns+".svc.cluster.local:8265/api/jobs/", func() string { return canonical.Load().(string) }, false)
+
+	// Blue-green upgrade, KubeRay's own: the new cluster is born on the canonical token.
+	upgradeAt := time.Now()
+	u, err := services.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Object["spec"].(map[string]any)["rayClusterConfig"] = rayService(ns, name, image, "green").Object["spec"].(map[string]any)["rayClusterConfig"]
+	if _, err := services.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	green := waitRayServiceServing(ctx, t, cp, ns, name, blue)
+	blueGreen := time.Since(upgradeAt)
+	upgraded := time.Now()
+	startedWith(green, t1, "after the blue-green upgrade")
+
+	// Rotation: raysync has KubeRay replace the cluster; the new one is born on the new token.
+	t2 := token(2)
+	src, err := cp.Kube.CoreV1().Secrets(platform).Get(ctx, "ray-token", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Data = map[string][]byte{"auth_token": []byte(t2)}
+	rotatedAt := time.Now()
+	if _, err := cp.Kube.CoreV1().Secrets(platform).Update(ctx, src, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	canonical.Store(t2)
+	third := waitRayServiceServing(ctx, t, cp, ns, name, green)
+	switchedAt := time.Now()
+	replaced := switchedAt.Sub(rotatedAt)
+	time.Sleep(3 * time.Second) // the clients' last calls against the new cluster
+	close(stop)
+	wg.Wait()
+
+	startedWith(third, t2, "after the rotation")
+	submit(t2, "after the rotation")
+	if code := func() int {
+		h := &headAPI{client: cp.ServiceClient(10 * time.Second), base: "http://" + name + "-head-svc." + ns + ".svc.cluster.local:8265", token: t1}
+		c, _, _ := h.call(ctx, http.MethodGet, "/api/jobs/", nil)
+		return c
+	}(); code != http.StatusForbidden {
+		t.Errorf("the rotated cluster answered the previous token with HTTP %d, want 403", code)
+	}
+
+	if serve.fail != 0 || serve.ok == 0 {
+		var when []string
+		for _, at := range serve.failedAt {
+			when = append(when, fmt.Sprintf("%+.1fs from the upgrade's switch, %+.1fs from the rotation's", at.Sub(upgraded).Seconds(), at.Sub(switchedAt).Seconds()))
+		}
+		t.Errorf("Serve requests throughout: %d failed (%v at %v), %d answered", serve.fail, serve.errors, when, serve.ok)
+	}
+	if len(serve.bodies) < 2 || serve.bodies[0] != "hello from blue" || serve.bodies[len(serve.bodies)-1] != "hello from green" {
+		t.Errorf("Serve answers in order: %q", serve.bodies)
+	}
+	for _, at := range jobs.refused {
+		if at.Before(rotatedAt) || at.After(switchedAt.Add(2*time.Second)) {
+			t.Errorf("the Jobs API refused the canonical token at %s, outside the switch (rotation %s, switch %s)",
+				at.Format(time.RFC3339Nano), rotatedAt.Format(time.RFC3339Nano), switchedAt.Format(time.RFC3339Nano))
+		}
+	}
+	if jobs.fail != len(jobs.refused) {
+		t.Errorf("Jobs API: %d calls failed other than for their token: %v", jobs.fail-len(jobs.refused), jobs.errors)
+	}
+	var window time.Duration
+	if n := len(jobs.refused); n > 0 {
+		window = jobs.refused[n-1].Sub(jobs.refused[0]) + 250*time.Millisecond
+	}
+	t.Logf("MEASURE seed 000 on the real node: RayService Ready %.1f s, blue-green %.1f s, rotation by replacement %.1f s; Serve %d answered, %d failed; Jobs API with the canonical token %d answered, %d refused (window %.1f s)",
+		ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.ok, serve.fail, jobs.ok, len(jobs.refused), window.Seconds())
+	// The keep-alive client, by phase: KubeRay's own blue-green upgrade (no raysync in it) and the
+	// replacement raysync started.
+	inUpgrade, inRotation := 0, 0
+	for _, at := range keepAlive.failedAt {
+		if at.Before(upgraded) {
+			inUpgrade++
+		} else {
+			inRotation++
+		}
+	}
+	t.Logf("MEASURE the slowest Serve answer: %s, %+.1fs from the rotation's start (a connection per call); %s, %+.1fs (keep-alive)",
+		serve.slowest.Round(100*time.Millisecond), serve.slowestAt.Sub(rotatedAt).Seconds(), keepAlive.slowest.Round(100*time.Millisecond), keepAlive.slowestAt.Sub(rotatedAt).Seconds())
+	t.Logf("MEASURE a keep-alive Serve client: %d answered, %d failed during KubeRay's blue-green upgrade, %d during raysync's replacement (%v)",
+		keepAlive.ok, inUpgrade, inRotation, keepAlive.errors)
+}
+
+// callLog is what a client calling every 250 ms saw: failures and when the answer changed.
+type callLog struct {
+	mu        sync.Mutex
+	ok, fail  int
+	refused   []time.Time // calls refused for their token (403)
+	bodies    []string    // distinct answers in order
+	errors    map[string]int
+	failedAt  []time.Time // calls failed other than for their token
+	slowest   time.Duration
+	slowestAt time.Time
+}
+
+func (c *callLog) took(d time.Duration, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d > c.slowest {
+		c.slowest, c.slowestAt = d, at
+	}
+}
+
+func (c *callLog) add(code int, body string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case code == http.StatusOK:
+		c.ok++
+		if n := len(c.bodies); n == 0 || c.bodies[n-1] != body {
+			c.bodies = append(c.bodies, body)
+		}
+	case code == http.StatusForbidden:
+		c.refused = append(c.refused, at)
+		c.fail++
+	default:
+		c.fail++
+		c.failedAt = append(c.failedAt, at)
+		if c.errors == nil {
+			c.errors = map[string]int{}
+		}
+		if len(body) > 120 {
+			body = body[:120]
+		}
+		c.errors[fmt.Sprintf("%d %s", code, body)]++
+	}
+}
