@@ -70,6 +70,9 @@ type ControlPlane struct {
 	External bool
 	// Ray is the kubelet and Ray stand-in (nil on an external cluster, which has real kubelets).
 	Ray *RayStandIn
+	// ServiceProxyURL is, with a real node, an HTTP proxy on loopback through which host processes
+	// (the KubeRay operator, tests) call Services by their cluster names and pods by their IPs.
+	ServiceProxyURL string
 	// tempDir: Dir was created by Start and is removed by Stop (unless $E2E_KEEP_DIR is set).
 	tempDir bool
 
@@ -209,6 +212,7 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		if err := cp.startRealNode(ctx, o, apiPort, pk); err != nil {
 			return cp, err
 		}
+		operatorEnv = proxyEnv(cp.ServiceProxyURL)
 	} else {
 		if err := cp.startStandIn(ctx, o); err != nil {
 			return cp, err

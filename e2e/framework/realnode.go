@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +51,9 @@ const (
 	RegistryHost = "registry.raysync.test:5000"
 	// registryAddr is where the registry listens (in the node's network namespace); the host pushes there.
 	registryAddr = NodeIP + ":5000"
+	// RegistryPush is registryAddr for other packages: the same registry, by the address the host reaches
+	// and the node also pulls from.
+	RegistryPush = registryAddr
 	// RegistryUser is the registry's one account; its password is generated per node (never logged).
 	RegistryUser = "raysync-e2e"
 
@@ -172,7 +177,7 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 }
 
 // ImageToolName names the cached build of e2e/tools/image; bump it when the tool changes.
-const ImageToolName = "image-4"
+const ImageToolName = "image-6"
 
 // RegistryVersion is distribution's registry (e2e/tools/registry).
 const RegistryVersion = "v3.1.2"
@@ -223,7 +228,7 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 	}
 	t0 := time.Now()
 	dir := filepath.Join(c.Dir, nodeSubdir)
-	for _, d := range []string{"registry/data", "containerd/certs.d/" + RegistryHost, "kubelet", "containerd/root", "containerd/state", "containerd/certs.d", "cni/net.d", "cni/bin", "cni/ipam", "bin"} {
+	for _, d := range []string{"registry/data", "containerd/certs.d/" + RegistryHost, "containerd/certs.d/" + registryAddr, "kubelet", "containerd/root", "containerd/state", "containerd/certs.d", "cni/net.d", "cni/bin", "cni/ipam", "bin"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
@@ -400,7 +405,41 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 		return err
 	}
 	logf("CoreDNS %s available at %s (%s)", CoreDNSVersion, ClusterDNSIP, time.Since(t0).Round(time.Millisecond))
-	return nil
+	// Host processes reach Services by name as pods do: the KubeRay operator calls a head's dashboard
+	// at http://<svc>.<ns>.svc.cluster.local:8265 (its HTTP_PROXY, as with the stand-in).
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	c.ServiceProxyURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	if err := c.start(o, "service-proxy", nb.Supervisor, nil, 0, "proxy", "-listen", hostPort(c.ServiceProxyURL),
+		"-dns", ClusterDNSIP+":53", "-allow", nodeRange); err != nil {
+		return err
+	}
+	return poll(ctx, c.proc("service-proxy"), 10*time.Second, func(context.Context) (bool, error) {
+		conn, err := net.DialTimeout("tcp", hostPort(c.ServiceProxyURL), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil, nil
+	})
+}
+
+// nodeRange holds every address of the real node: the node, its pods, its Services.
+const nodeRange = "198.18.0.0/16"
+
+// proxyEnv points a host process's HTTP clients (Go's default transport) at proxy; the API server
+// on loopback is never proxied.
+func proxyEnv(proxy string) []string {
+	return []string{"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "HTTPS_PROXY=", "https_proxy=",
+		"NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost"}
+}
+
+// ServiceClient is an HTTP client on the host that reaches Services by their cluster names
+// (http://<svc>.<ns>.svc.cluster.local:8265) and pods by their IPs, through ServiceProxyURL.
+func (c *ControlPlane) ServiceClient(timeout time.Duration) *http.Client {
+	proxy, _ := url.Parse(c.ServiceProxyURL)
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
 }
 
 // writeRegistryFiles writes the registry's account, htpasswd, serving certificate and configuration,
@@ -450,6 +489,14 @@ auth:
   capabilities = ["pull", "resolve"]
   ca = %q
 `, RegistryHost, RegistryHost, pk.caCert),
+		// The same registry by the address the host pushes to: an image pushed as 198.18.0.2:5000/… (make
+		// release's REGISTRY) pulls by that name.
+		"containerd/certs.d/" + registryAddr + "/hosts.toml": fmt.Sprintf(`server = "https://%s"
+
+[host."https://%s"]
+  capabilities = ["pull", "resolve"]
+  ca = %q
+`, registryAddr, registryAddr, pk.caCert),
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
@@ -480,15 +527,16 @@ func (c *ControlPlane) PushImage(ctx context.Context, tar, repoTag string) (stri
 	return RegistryHost + "/" + repoTag, nil
 }
 
-// RegistryPullSecret returns a kubernetes.io/dockerconfigjson Secret holding the registry's account.
+// RegistryPullSecret returns a kubernetes.io/dockerconfigjson Secret holding the registry's account under
+// both its names (RegistryHost, RegistryPush); its data is also a Docker config.json for pushes from the host.
 func (c *ControlPlane) RegistryPullSecret(namespace, name string) (*corev1.Secret, error) {
 	b, err := os.ReadFile(filepath.Join(c.Dir, nodeSubdir, "registry/auth"))
 	if err != nil {
 		return nil, err
 	}
 	user, pw, _ := strings.Cut(string(b), ":")
-	cfg, err := json.Marshal(map[string]any{"auths": map[string]any{RegistryHost: map[string]string{
-		"username": user, "password": pw, "auth": base64.StdEncoding.EncodeToString(b)}}})
+	account := map[string]string{"username": user, "password": pw, "auth": base64.StdEncoding.EncodeToString(b)}
+	cfg, err := json.Marshal(map[string]any{"auths": map[string]any{RegistryHost: account, RegistryPush: account}})
 	if err != nil {
 		return nil, err
 	}
@@ -756,26 +804,25 @@ type NodeInfo struct {
 	Registry     string `json:"registry"`
 	RegistryPush string `json:"registryPush"`
 	RegistryCA   string `json:"registryCA"`
-	// PrivateImage is an image in the registry that only pulls with PullSecret (namespace/name, a
+	// PrivateImage is the Ray image in the registry, which only pulls with PullSecret (namespace/name, a
 	// kubernetes.io/dockerconfigjson Secret holding the registry's account).
 	PrivateImage string `json:"privateImage,omitempty"`
 	PullSecret   string `json:"pullSecret,omitempty"`
+	// ServiceProxy is an HTTP proxy on loopback to Services by their cluster names and to pod IPs
+	// (curl -x).
+	ServiceProxy string `json:"serviceProxy"`
 	// Dir holds the node's configuration and its programs' logs.
 	Dir string `json:"dir"`
 }
 
-// WriteNodeInfo pushes the private image (the tiny image until a Ray image is built), creates the
-// pull secret platform-secrets/regcred for it, and writes the real node's description as JSON to path.
-func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string) (*NodeInfo, error) {
+// WriteNodeInfo pushes the private image (the Ray image, built into the cache on first use), creates
+// the pull secret platform-secrets/regcred for it, and writes the real node's description as JSON to path.
+func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string, logf func(string, ...any)) (*NodeInfo, error) {
 	n, err := c.Kube.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	cache, err := CacheDir()
-	if err != nil {
-		return nil, err
-	}
-	private, err := c.PushImage(ctx, filepath.Join(cache, "bin", "realnode-tiny.tar"), "private/tiny:1")
+	private, err := c.PushRayImage(ctx, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -794,7 +841,7 @@ func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string) (*NodeInf
 		KubeletVersion: n.Status.NodeInfo.KubeletVersion, ContainerRuntime: n.Status.NodeInfo.ContainerRuntimeVersion,
 		TinyImage: TinyImage, Dir: filepath.Join(c.Dir, nodeSubdir),
 		Registry: RegistryHost, RegistryPush: registryAddr, RegistryCA: filepath.Join(c.Dir, "ca.crt"),
-		PrivateImage: private, PullSecret: ns + "/" + name}
+		PrivateImage: private, PullSecret: ns + "/" + name, ServiceProxy: c.ServiceProxyURL}
 	return info, writeJSON(path, info)
 }
 

@@ -2,6 +2,11 @@ package realnode
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +67,54 @@ func TestRealNodeDNS(t *testing.T) {
 	if want := "kubernetes.default=" + framework.KubernetesServiceIP; !strings.Contains(string(logs), want+"\n") {
 		t.Errorf("want %q", want)
 	}
+
+	// The host's programs reach the cluster by name through the harness's proxy (the KubeRay
+	// operator's HTTP_PROXY): a Service selecting CoreDNS's pods, by its full name, answers CoreDNS's
+	// readiness endpoint, plainly and through CONNECT; an address outside the harness's range is refused.
+	if _, err := cp.Kube.CoreV1().Services("kube-system").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "dns-ready"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"k8s-app": "kube-dns"},
+			Ports: []corev1.ServicePort{{Name: "ready", Port: 8181, TargetPort: intstr.FromInt32(8181)}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := url.Parse(cp.ServiceProxyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := "http://dns-ready.kube-system.svc.cluster.local:8181/ready"
+	for _, tr := range []*http.Transport{{Proxy: http.ProxyURL(proxy)}, {Proxy: http.ProxyURL(proxy), DisableKeepAlives: true}} {
+		var body string
+		if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			body = get(ctx, &http.Client{Transport: tr, Timeout: 5 * time.Second}, target)
+			return body == "200 OK", nil
+		}); err != nil {
+			t.Errorf("GET %s through the cluster proxy: %q", target, body)
+		}
+	}
+	// CONNECT (what a gRPC client such as Ray Client sends through a proxy).
+	conn, err := net.DialTimeout("tcp", proxy.Host, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprint(conn, "CONNECT dns-ready.kube-system.svc.cluster.local:8181 HTTP/1.1\r\nHost: dns-ready.kube-system.svc.cluster.local:8181\r\n\r\n"+
+		"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if b, _ := io.ReadAll(conn); !strings.HasPrefix(string(b), "HTTP/1.1 200 Connection established") || !strings.Contains(string(b), "\r\n\r\nOK") {
+		t.Errorf("CONNECT through the cluster proxy: %q", b)
+	}
+	if got := get(ctx, &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}, Timeout: 5 * time.Second}, "http://127.0.0.1:1/"); !strings.HasPrefix(got, "502 ") || !strings.Contains(got, "outside") {
+		t.Errorf("the cluster proxy dialed outside the harness's addresses: %q", got)
+	}
+}
+
+// get returns "<status code> <body>" (or the error) for a GET of target.
+func get(ctx context.Context, c *http.Client, target string) string {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
 }

@@ -2,6 +2,7 @@ package realnode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -175,6 +176,7 @@ func TestRealNodeRaysyncFromRegistry(t *testing.T) {
 		t.Fatalf("kubectl exec deploy/raysync -- /syncer status: %v\n%s", err, out)
 	}
 	t.Logf("/syncer status in the pod:\n%s", out)
+	logRaysyncMemory(ctx, t, cp, ns, holder)
 
 	// Deleting the leader pod hands the Lease to the other replica within the lease time (15 s):
 	// the leader drains and releases it on SIGTERM, the standby takes it at its next retry.
@@ -278,6 +280,60 @@ func watchLeadership(ctx context.Context, t *testing.T, cp *framework.ControlPla
 		}
 	}()
 	return func() time.Duration { close(stop); return <-done }
+}
+
+// logRaysyncMemory prints each raysync container's memory as the kubelet measures it for eviction and
+// `kubectl top` (its Summary API, read through the API server's node proxy): the working set and RSS.
+func logRaysyncMemory(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, leader string) {
+	t.Helper()
+	raw, err := cp.Kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", framework.NodeName, "proxy/stats/summary").DoRaw(ctx)
+	if err != nil {
+		t.Errorf("the kubelet's Summary API: %v", err)
+		return
+	}
+	var summary struct {
+		Pods []struct {
+			PodRef struct {
+				Name, Namespace string
+			} `json:"podRef"`
+			Containers []struct {
+				Name   string `json:"name"`
+				Memory *struct {
+					WorkingSetBytes *uint64 `json:"workingSetBytes"`
+					RSSBytes        *uint64 `json:"rssBytes"`
+				} `json:"memory"`
+			} `json:"containers"`
+		} `json:"pods"`
+	}
+	if err := json.Unmarshal(raw, &summary); err != nil {
+		t.Errorf("the kubelet's Summary API: %v", err)
+		return
+	}
+	seen := 0
+	for _, p := range summary.Pods {
+		if p.PodRef.Namespace != ns {
+			continue
+		}
+		for _, c := range p.Containers {
+			if c.Memory == nil || c.Memory.WorkingSetBytes == nil {
+				continue
+			}
+			role := "standby"
+			if p.PodRef.Name == leader {
+				role = "leader"
+			}
+			rss := uint64(0)
+			if c.Memory.RSSBytes != nil {
+				rss = *c.Memory.RSSBytes
+			}
+			seen++
+			t.Logf("MEASURE raysync pod memory (%s, %s/%s): working set %.1f MiB, RSS %.1f MiB",
+				role, p.PodRef.Name, c.Name, float64(*c.Memory.WorkingSetBytes)/(1<<20), float64(rss)/(1<<20))
+		}
+	}
+	if seen == 0 {
+		t.Errorf("the kubelet's Summary API reported no memory for a container in %s", ns)
+	}
 }
 
 func waitReady(ctx context.Context, cp *framework.ControlPlane, ns string, n int32) error {

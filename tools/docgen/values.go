@@ -184,6 +184,10 @@ func chartReadme(root string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	version, err := chartVersion(root)
+	if err != nil {
+		return nil, err
+	}
 	var b strings.Builder
 	b.WriteString(header)
 	b.WriteString(`# raysync chart
@@ -196,11 +200,11 @@ getting-started/helm.md; every alert's runbook is in runbooks/).
 
 Only the source and a scope are required; pull secrets, autoscaler TLS, the ServiceMonitor, the PrometheusRule
 and the gateway are off by default. Until an official registry exists, publish the image and this chart to your
-own (see the quick start) and install from it:
+own with ` + "`make release VERSION=" + version + " REGISTRY=registry.example.com/platform`" + ` from a checkout (the chart's
+image then defaults to the one it pushed; docs/contributing/releasing.md) and install from it:
 
 ` + "```sh" + `
-helm install raysync oci://registry.example.com/platform/charts/raysync --version 0.2.0 -n raysync --create-namespace \
-  --set image.repository=registry.example.com/platform/raysync \
+helm install raysync oci://registry.example.com/platform/charts/raysync --version ` + version + ` -n raysync --create-namespace \
   --set authSource.namespace=raysync,authSource.name=ray-token \
   --set 'namespaces={ml-team}'
 kubectl -n raysync exec deploy/raysync -- /syncer status
@@ -214,4 +218,18 @@ Upgrading: read CHANGELOG.md, and use ` + "`--reset-then-reuse-values`" + ` or `
 	b.WriteString(overrides + "\n")
 	b.WriteString(valuesTable(rows))
 	return []byte(b.String()), nil
+}
+
+// chartVersion is Chart.yaml's version, the one place of raysync's version.
+func chartVersion(root string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(root, "deploy/helm/raysync/Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "version:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("deploy/helm/raysync/Chart.yaml: no version")
 }

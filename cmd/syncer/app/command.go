@@ -205,7 +205,7 @@ func (x *cli) command() *cobra.Command {
 		Example:     `  kubectl -n raysync exec deploy/raysync -- /syncer revoke-previous --dry-run`,
 	}, revokeCommand, nil, func(c *config, _ []string) int { return runRevoke(c, x.stdout, x.stderr) })
 
-	root.AddCommand(status, rotate, uninstall, revoke, x.gatewayCommand(), completionCommand())
+	root.AddCommand(status, rotate, uninstall, revoke, x.gatewayCommand(), completionCommand(), x.versionCommand())
 	return root
 }
 

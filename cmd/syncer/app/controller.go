@@ -235,7 +235,7 @@ func run(ctx context.Context, cfg *config, log *zap.Logger) error {
 		}
 	}()
 
-	log.Info("starting raysync", zap.String("source", cfg.authSource.String()), zap.String("scope", cfg.informer().String()),
+	log.Info("starting raysync", zap.String("version", releaseVersion()), zap.String("source", cfg.authSource.String()), zap.String("scope", cfg.informer().String()),
 		zap.String("clusterSelector", cfg.clusterSelector),
 		zap.Bool("leaderElect", cfg.leaderElect), zap.Bool("dryRun", cfg.dryRun), zap.Int("workers", cfg.workers))
 	caches.Start(ctx.Done())

@@ -5,6 +5,7 @@
 //	go run ./e2e/cmd/devcluster up [-kuberay v1.6.1] [-dir .dev] [-node standin|real]
 //	go run ./e2e/cmd/devcluster down [-dir .dev]
 //	go run ./e2e/cmd/devcluster image|chart [-dir .dev] [-version V]   # push to a real node's registry
+//	go run ./e2e/cmd/devcluster ray-image                              # build the Ray image into the cache
 package main
 
 import (
@@ -21,9 +22,17 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down" && os.Args[1] != "image" && os.Args[1] != "chart") {
-		fmt.Fprintln(os.Stderr, "usage: devcluster up|down|image|chart [-kuberay VERSION] [-dir DIR] [-node standin|real] [-version V]")
+	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down" && os.Args[1] != "image" && os.Args[1] != "chart" && os.Args[1] != "ray-image") {
+		fmt.Fprintln(os.Stderr, "usage: devcluster up|down|image|chart|ray-image [-kuberay VERSION] [-dir DIR] [-node standin|real] [-version V]")
 		os.Exit(2)
+	}
+	if os.Args[1] == "ray-image" {
+		b, err := framework.EnsureRayImage(context.Background(), func(f string, a ...any) { fmt.Printf(f+"\n", a...) })
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf("%s (%d MiB; built now: %v)\n", b.Tar, b.TarBytes>>20, b.Built)
+		return
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	version := fs.String("kuberay", envOr("KUBERAY_VERSION", "v1.6.1"), "KubeRay operator version (v1.5.1 or v1.6.1)")
@@ -97,7 +106,7 @@ func main() {
 	}
 	rel, _ := filepath.Rel(must(os.Getwd()), kubeconfig)
 	if *node == "real" {
-		info, err := cp.WriteNodeInfo(ctx, filepath.Join(abs, "node.json"))
+		info, err := cp.WriteNodeInfo(ctx, filepath.Join(abs, "node.json"), logf)
 		if err != nil {
 			fail(err)
 		}

@@ -3,6 +3,7 @@
 //
 //	supervisor node -dir DIR     # PID 1 of the node: mounts, then the processes of DIR/spec.json
 //	supervisor relay -listen A -to B
+//	supervisor proxy -listen A -dns D -allow CIDR
 //
 // As PID 1 it reaps every orphan (containerd's shims re-parent to it), and when it exits the kernel
 // kills everything left in its PID namespace, so a node can never outlive its supervisor. Its mounts
@@ -54,7 +55,7 @@ type Process struct {
 func main() {
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	if len(os.Args) < 2 {
-		log.Fatal("usage: supervisor node -dir DIR | supervisor relay -listen ADDR -to ADDR")
+		log.Fatal("usage: supervisor node -dir DIR | supervisor relay -listen ADDR -to ADDR | supervisor proxy -listen ADDR -dns ADDR -allow CIDR")
 	}
 	var err error
 	switch os.Args[1] {
@@ -69,6 +70,13 @@ func main() {
 		to := fs.String("to", "", "address to relay to")
 		_ = fs.Parse(os.Args[2:])
 		err = relay(*listen, *to)
+	case "proxy":
+		fs := flag.NewFlagSet("proxy", flag.ExitOnError)
+		listen := fs.String("listen", "", "address to listen on (loopback)")
+		dns := fs.String("dns", "", "the cluster DNS (CoreDNS's Service address:53)")
+		allow := fs.String("allow", "", "the only addresses the proxy dials (the node's, its pods', its Services')")
+		_ = fs.Parse(os.Args[2:])
+		err = serveProxy(*listen, *dns, *allow)
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
