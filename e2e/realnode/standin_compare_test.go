@@ -117,7 +117,7 @@ func TestStandInMatchesRealKubelet(t *testing.T) {
 		r, si := real[s.name], standIn[s.name]
 		for _, res := range []*shapeResult{&r, &si} {
 			res.waitingReasons = without(res.waitingReasons, s.racy)
-			res.events = without(res.events, s.racy)
+			res.events = without(without(res.events, s.racy), racyEverywhere)
 		}
 		for i, st := range s.steps {
 			if i >= len(r.steps) || i >= len(si.steps) {
@@ -135,6 +135,12 @@ func TestStandInMatchesRealKubelet(t *testing.T) {
 		}
 	}
 }
+
+// racyEverywhere are Event reasons the real kubelet gives any pod only sometimes: on a loaded machine
+// its ConfigMap manager misses the 1 s it waits for a new reflector's first list, and mounting the
+// service-account volume (kube-root-ca.crt) fails once (FailedMount "failed to sync configmap cache").
+// The stand-in mounts no service-account volume.
+var racyEverywhere = []string{"FailedMount"}
 
 func without(list, drop []string) []string {
 	return slices.DeleteFunc(slices.Clone(list), func(v string) bool { return slices.Contains(drop, v) })
