@@ -1,0 +1,336 @@
+package realnode
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/raysync/raysync/e2e/framework"
+)
+
+var rayServiceGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayservices"}
+
+// serveAppConfigMap holds e2e/ray/serveapp/hello.py; the Ray containers mount it at /home/ray/serveapp.
+func serveAppConfigMap(t *testing.T, ns string) *corev1.ConfigMap {
+	root, err := framework.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "e2e/ray/serveapp/hello.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "serveapp", Namespace: ns}, Data: map[string]string{"hello.py": string(b)}}
+}
+
+// rayService is a token-auth RayService of the private Ray image with no pull secret (seed 002's
+// platform: the registry's credentials live in another namespace): a head and one worker, the Serve
+// application e2e/ray/serveapp saying color; the old cluster goes 5 s after a switch.
+func rayService(ns, name, image, color string) *unstructured.Unstructured {
+	cluster := rayCluster(ns, "unused", image).Object["spec"].(map[string]any)
+	for _, g := range []map[string]any{cluster["headGroupSpec"].(map[string]any), cluster["workerGroupSpecs"].([]any)[0].(map[string]any)} {
+		spec := g["template"].(map[string]any)["spec"].(map[string]any)
+		delete(spec, "imagePullSecrets")
+		spec["volumes"] = []any{map[string]any{"name": "serveapp", "configMap": map[string]any{"name": "serveapp"}}}
+		c := spec["containers"].([]any)[0].(map[string]any)
+		c["volumeMounts"] = []any{map[string]any{"name": "serveapp", "mountPath": "/home/ray/serveapp"}}
+		c["env"] = []any{map[string]any{"name": "SERVE_COLOR", "value": color}}
+	}
+	serve := `applications:
+  - name: hello
+    route_prefix: /
+    import_path: hello:app
+    runtime_env:
+      env_vars:
+        PYTHONPATH: /home/ray/serveapp
+    deployments:
+      - name: Hello
+        num_replicas: 1
+`
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec":     map[string]any{"rayClusterDeletionDelaySeconds": int64(5), "serveConfigV2": serve, "rayClusterConfig": cluster}}}
+}
+
+// podLedger records every Ray pod of a namespace by UID: when it ran, and whether anyone deleted it
+// before its cluster went.
+type podLedger struct {
+	mu      sync.Mutex
+	pods    map[string]*corev1.Pod
+	deleted map[string]bool
+}
+
+func watchRayPods(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns string) *podLedger {
+	l := &podLedger{pods: map[string]*corev1.Pod{}, deleted: map[string]bool{}}
+	w, err := cp.Kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "ray.io/is-ray-node=yes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			l.mu.Lock()
+			l.pods[string(p.UID)] = p
+			if ev.Type == watch.Deleted || p.DeletionTimestamp != nil {
+				l.deleted[string(p.UID)] = true
+			}
+			l.mu.Unlock()
+		}
+	}()
+	t.Cleanup(w.Stop)
+	return l
+}
+
+// TestRealNodeSeed002PrivateRayService is seed 002 on the real node: a RayService whose head and
+// workers use the private Ray image, in a namespace without the registry's credentials. Without
+// raysync every Ray pod stays in ImagePullBackOff (the kubelet's 401 event). With raysync installed
+// from the registry by helm (pullSecrets: platform-secrets/regcred), its webhook gives every Ray pod
+// the pull secret at creation: every Ray pod pulls and runs and none is recycled, through a
+// blue-green upgrade.
+func TestRealNodeSeed002PrivateRayService(t *testing.T) {
+	cp := startNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	image, err := cp.PushRayImage(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"platform-secrets", "raysync", "seed002"} {
+		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitServiceAccount(ctx, t, cp.Kube, ns)
+	}
+	regcred, err := cp.RegistryPullSecret("platform-secrets", "regcred")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().Secrets("platform-secrets").Create(ctx, regcred, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const ns = "seed002"
+	if _, err := cp.Kube.CoreV1().ConfigMaps(ns).Create(ctx, serveAppConfigMap(t, ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	services := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns)
+
+	// Without raysync: every Ray pod of the RayService sits in ImagePullBackOff, the kubelet saying 401.
+	if _, err := services.Create(ctx, rayService(ns, "before", image, "blue"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var stuck []string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/is-ray-node=yes"})
+		if err != nil || len(pods.Items) < 2 {
+			return false, nil
+		}
+		stuck = nil
+		for _, p := range pods.Items {
+			if backOffWith401(ctx, cp, &p) {
+				stuck = append(stuck, p.Name)
+			}
+		}
+		return len(stuck) == len(pods.Items), nil
+	})
+	if err != nil {
+		t.Fatalf("without raysync, Ray pods in ImagePullBackOff with the kubelet's 401 event: %v (%v)\n%s", stuck, err, events(ctx, cp.Kube, ns))
+	}
+	t.Logf("without raysync: %v in ImagePullBackOff, the kubelet's event: authorization failed (401)", stuck)
+	if err := services.Delete(ctx, "before", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/is-ray-node=yes"})
+		return err == nil && len(pods.Items) == 0, nil
+	}); err != nil {
+		t.Fatalf("the first RayService's pods never went: %v", err)
+	}
+
+	// raysync from the registry, as a user installs it.
+	const version = "0.2.0-seed002"
+	raysyncImage, err := cp.PushRaysyncImage(ctx, version, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.PushChart(ctx, version, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := cp.RegistryPullSecret("raysync", "regcred")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().Secrets("raysync").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().Secrets("raysync").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
+		StringData: map[string]string{"auth_token": "seed002-realnode-token-value-0123456789"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repo, _, _ := strings.Cut(raysyncImage, ":"+version)
+	if out, err := cp.Helm(ctx, t.Logf, "install", "raysync", framework.RegistryChartRepo+"/raysync", "--version", version,
+		"--namespace", "raysync", "--ca-file", cp.Dir+"/ca.crt", "--wait", "--timeout", "5m",
+		"--set", "authSource.namespace=raysync,authSource.name=ray-token,namespaces[0]="+ns+",image.repository="+repo+
+			",imagePullSecrets[0].name=regcred,pullSecrets[0]=platform-secrets/regcred"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := waitWebhookAnswers(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+
+	ledger := watchRayPods(ctx, t, cp, ns)
+	t0 := time.Now()
+	if _, err := services.Create(ctx, rayService(ns, "svc", image, "blue"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := waitRayServiceServing(ctx, t, cp, ns, "svc", "")
+	t.Logf("MEASURE RayService with the private image → Ready (cluster %s, every pod pulled with the pull secret raysync added) in %s", first, time.Since(t0).Round(time.Millisecond))
+
+	// Blue-green: a new rayClusterConfig makes KubeRay create a new cluster; its pods pull too.
+	t1 := time.Now()
+	u, err := services.Get(ctx, "svc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	green := rayService(ns, "svc", image, "green")
+	u.Object["spec"].(map[string]any)["rayClusterConfig"] = green.Object["spec"].(map[string]any)["rayClusterConfig"]
+	if _, err := services.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := waitRayServiceServing(ctx, t, cp, ns, "svc", first)
+	t.Logf("MEASURE blue-green upgrade → the new cluster %s serves, the old one gone, in %s", second, time.Since(t1).Round(time.Millisecond))
+
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	clusters := map[string]int{}
+	for uid, p := range ledger.pods {
+		c := p.Labels["ray.io/cluster"]
+		clusters[c]++
+		hasSecret := false
+		for _, s := range p.Spec.ImagePullSecrets {
+			hasSecret = hasSecret || s.Name == "regcred"
+		}
+		if !hasSecret {
+			t.Errorf("pod %s (cluster %s) was created without the pull secret: %v", p.Name, c, p.Spec.ImagePullSecrets)
+		}
+		if ledger.deleted[uid] && c == second {
+			t.Errorf("pod %s of the serving cluster %s was deleted (recycled)", p.Name, c)
+		}
+	}
+	if clusters[first] != 2 || clusters[second] != 2 {
+		t.Errorf("Ray pods per cluster %v; want exactly 2 (head, worker) for %s and %s: none recycled", clusters, first, second)
+	}
+}
+
+// backOffWith401 reports whether the pod waits in ImagePullBackOff and the kubelet's Failed event
+// for it says the registry refused the pull (401, "authorization failed").
+func backOffWith401(ctx context.Context, cp *framework.ControlPlane, p *corev1.Pod) bool {
+	back := false
+	for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		back = back || (s.State.Waiting != nil && s.State.Waiting.Reason == "ImagePullBackOff")
+	}
+	if !back {
+		return false
+	}
+	evs, err := cp.Kube.CoreV1().Events(p.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",reason=Failed"})
+	if err != nil {
+		return false
+	}
+	for _, e := range evs.Items {
+		if e.Source.Component == "kubelet" && strings.Contains(e.Message, "authorization failed") {
+			return true
+		}
+	}
+	return false
+}
+
+// waitWebhookAnswers waits until the API server reaches raysync's webhook through its Service (kube-
+// proxy follows the pods' readiness, the EndpointSlice may lag 2/2 Ready by a second).
+func waitWebhookAnswers(ctx context.Context, cp *framework.ControlPlane) error {
+	return wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		s, err := cp.Kube.DiscoveryV1().EndpointSlices("raysync").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, sl := range s.Items {
+			if !strings.Contains(sl.Name, "webhook") {
+				continue
+			}
+			ready := 0
+			for _, e := range sl.Endpoints {
+				if e.Conditions.Ready != nil && *e.Conditions.Ready {
+					ready++
+				}
+			}
+			if ready == 2 {
+				time.Sleep(2 * time.Second) // kube-proxy's rules follow the slice
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// waitRayServiceServing waits until the RayService is Ready on an active cluster other than old,
+// old's RayCluster is gone, and every Ray pod left runs; it returns the active cluster's name.
+func waitRayServiceServing(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, name, old string) string {
+	t.Helper()
+	var active, why string
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 12*time.Minute, true, func(ctx context.Context) (bool, error) {
+		u, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			why = err.Error()
+			return false, nil
+		}
+		active, _, _ = unstructured.NestedString(u.Object, "status", "activeServiceStatus", "rayClusterName")
+		ready := false
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m := c.(map[string]any)
+			if m["type"] == "Ready" && m["status"] == "True" {
+				ready = true
+			}
+		}
+		if !ready || active == "" || active == old {
+			why = fmt.Sprintf("Ready %v, active cluster %q", ready, active)
+			return false, nil
+		}
+		if old != "" {
+			if _, err := cp.Dynamic.Resource(rayClusterGVR).Namespace(ns).Get(ctx, old, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				why = "the old cluster " + old + " is still there"
+				return false, nil
+			}
+		}
+		pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + active})
+		if err != nil || len(pods.Items) != 2 {
+			why = fmt.Sprintf("%d pods of %s", len(pods.Items), active)
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodRunning {
+				why = p.Name + " " + string(p.Status.Phase)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("RayService %s/%s not serving on a new cluster: %s (%v)\nevents:\n%s", ns, name, why, err, events(ctx, cp.Kube, ns))
+	}
+	return active
+}
