@@ -457,6 +457,9 @@ var kubeletShapes = []kubeletShape{
 		steps: []kubeletStep{
 			{name: "running", until: podIsReady},
 			{name: "deleted", act: func(ctx context.Context, n *cmpNode) error {
+				// Give the program time to install its SIGTERM handler: the stand-in reports a container
+				// running as soon as its process exists, and a SIGTERM before the handler kills it (143).
+				time.Sleep(time.Second)
 				return n.kube.CoreV1().Pods(n.ns).Delete(ctx, "deletion", metav1.DeleteOptions{})
 			}, until: podGone},
 		},
