@@ -253,28 +253,14 @@ func installRaysync(ctx context.Context, t *testing.T, cp *framework.ControlPlan
 	}
 	// Ready replicas reach the API server's webhook calls once the EndpointSlice and kube-proxy
 	// follow; until then a Ray pod would be admitted unchanged (failurePolicy Ignore).
-	if err := waitWebhookEndpoint(ctx, cp, ns); err != nil {
+	d, err := cp.Kube.AppsV1().Deployments(ns).Get(ctx, "raysync", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitWebhookAnswers(ctx, cp, ns, int(*d.Spec.Replicas)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("raysync %s installed from the registry and Ready in %s", version, time.Since(t0).Round(time.Millisecond))
-}
-
-// waitWebhookEndpoint waits until raysync's webhook Service has a ready endpoint.
-func waitWebhookEndpoint(ctx context.Context, cp *framework.ControlPlane, ns string) error {
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		slices, err := cp.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=raysync-webhook"})
-		if err != nil {
-			return false, nil
-		}
-		for _, s := range slices.Items {
-			for _, e := range s.Endpoints {
-				if e.Conditions.Ready != nil && *e.Conditions.Ready {
-					return true, nil
-				}
-			}
-		}
-		return false, nil
-	})
 }
 
 // logWebhookLatency prints the API server's own measure of raysync's pod webhook: calls and the mean

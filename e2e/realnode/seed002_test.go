@@ -3,6 +3,8 @@ package realnode
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -189,7 +191,7 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 			",imagePullSecrets[0].name=regcred,pullSecrets[0]=platform-secrets/regcred"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if err := waitWebhookAnswers(ctx, cp); err != nil {
+	if err := waitWebhookAnswers(ctx, cp, "raysync", 2); err != nil {
 		t.Fatal(err)
 	}
 
@@ -200,6 +202,7 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 	}
 	first := waitRayServiceServing(ctx, t, cp, ns, "svc", "")
 	t.Logf("MEASURE RayService with the private image → Ready (cluster %s, every pod pulled with the pull secret raysync added) in %s", first, time.Since(t0).Round(time.Millisecond))
+	waitServes(ctx, t, cp, ns, "svc", "hello from blue")
 
 	// Blue-green: a new rayClusterConfig makes KubeRay create a new cluster; its pods pull too.
 	t1 := time.Now()
@@ -214,6 +217,7 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 	}
 	second := waitRayServiceServing(ctx, t, cp, ns, "svc", first)
 	t.Logf("MEASURE blue-green upgrade → the new cluster %s serves, the old one gone, in %s", second, time.Since(t1).Round(time.Millisecond))
+	waitServes(ctx, t, cp, ns, "svc", "hello from green")
 
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
@@ -259,30 +263,27 @@ func backOffWith401(ctx context.Context, cp *framework.ControlPlane, p *corev1.P
 	return false
 }
 
-// waitWebhookAnswers waits until the API server reaches raysync's webhook through its Service (kube-
-// proxy follows the pods' readiness, the EndpointSlice may lag 2/2 Ready by a second).
-func waitWebhookAnswers(ctx context.Context, cp *framework.ControlPlane) error {
+// waitWebhookAnswers waits until want replicas back raysync's webhook Service in ns (kube-proxy
+// follows the pods' readiness, and the EndpointSlice may lag Ready by a second), then for kube-proxy.
+func waitWebhookAnswers(ctx context.Context, cp *framework.ControlPlane, ns string, want int) error {
 	return wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		s, err := cp.Kube.DiscoveryV1().EndpointSlices("raysync").List(ctx, metav1.ListOptions{})
+		s, err := cp.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=raysync-webhook"})
 		if err != nil {
 			return false, nil
 		}
+		ready := 0
 		for _, sl := range s.Items {
-			if !strings.Contains(sl.Name, "webhook") {
-				continue
-			}
-			ready := 0
 			for _, e := range sl.Endpoints {
 				if e.Conditions.Ready != nil && *e.Conditions.Ready {
 					ready++
 				}
 			}
-			if ready == 2 {
-				time.Sleep(2 * time.Second) // kube-proxy's rules follow the slice
-				return true, nil
-			}
 		}
-		return false, nil
+		if ready < want {
+			return false, nil
+		}
+		time.Sleep(2 * time.Second) // kube-proxy's rules follow the slice
+		return true, nil
 	})
 }
 
@@ -333,4 +334,28 @@ func waitRayServiceServing(ctx context.Context, t *testing.T, cp *framework.Cont
 		t.Fatalf("RayService %s/%s not serving on a new cluster: %s (%v)\nevents:\n%s", ns, name, why, err, events(ctx, cp.Kube, ns))
 	}
 	return active
+}
+
+// waitServes waits until the RayService's serve Service answers want (the Serve application on real
+// Ray, called by the Service's cluster name through the node's service proxy).
+func waitServes(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, name, want string) {
+	t.Helper()
+	client := cp.ServiceClient(5 * time.Second)
+	url := "http://" + name + "-serve-svc." + ns + ".svc.cluster.local:8000/"
+	var got string
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			got = err.Error()
+			return false, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		got = fmt.Sprintf("HTTP %d %s", resp.StatusCode, b)
+		return resp.StatusCode == http.StatusOK && string(b) == want, nil
+	}); err != nil {
+		t.Fatalf("%s: %s, want %q", url, got, want)
+	}
+	t.Logf("%s answers %q", url, want)
 }
