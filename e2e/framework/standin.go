@@ -124,8 +124,7 @@ func (c *ControlPlane) startStandIn(ctx context.Context, o Options) error {
 // its calls to head Services and pod IPs reach emulated Ray on loopback. The API server on
 // 127.0.0.1 is never proxied (Go skips loopback).
 func (r *RayStandIn) operatorEnv() []string {
-	return []string{"HTTP_PROXY=" + r.OperatorProxyURL, "http_proxy=" + r.OperatorProxyURL,
-		"HTTPS_PROXY=", "https_proxy=", "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost"}
+	return proxyEnv(r.OperatorProxyURL)
 }
 
 func hostPort(u string) string {
