@@ -699,31 +699,6 @@ func realRayService(ns, name, color string) *unstructured.Unstructured {
 		"spec":     map[string]any{"rayClusterDeletionDelaySeconds": int64(5), "serveConfigV2": realServeConfig(), "rayClusterConfig": spec}}}
 }
 
-// callLog is what a client calling every 250 ms saw: failures and when the answer changed.
-type callLog struct {
-	mu       sync.Mutex
-	ok, fail int
-	refused  []time.Time // calls refused for their token (403)
-	bodies   []string    // distinct answers in order
-}
-
-func (c *callLog) add(code int, body string, at time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case code == http.StatusOK:
-		c.ok++
-		if n := len(c.bodies); n == 0 || c.bodies[n-1] != body {
-			c.bodies = append(c.bodies, body)
-		}
-	case code == http.StatusForbidden:
-		c.refused = append(c.refused, at)
-		c.fail++
-	default:
-		c.fail++
-	}
-}
-
 // TestRealRayServiceServesThroughUpgradeAndRotation: a RayService on real Ray with a real Serve
 // application becomes Ready and serves; a blue-green upgrade and a raysync-driven replacement on
 // rotation follow. A client sending Serve requests throughout sees no failed request (Serve is not
@@ -749,10 +724,10 @@ func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 		jobsURL := headURL(ns, "hello-head-svc") + "/api/jobs/"
 		var canonical atomic.Value
 		canonical.Store(t1)
-		serve, jobs := &callLog{}, &callLog{}
+		serve, jobs := &framework.CallLog{}, &framework.CallLog{}
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
-		loop := func(log *callLog, url string, token func() string) {
+		loop := func(log *framework.CallLog, url string, token func() string) {
 			defer wg.Done()
 			client := env.StandIn().Client()
 			for {
@@ -768,12 +743,12 @@ func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 				at := time.Now()
 				resp, err := client.Do(req)
 				if err != nil {
-					log.add(0, "", at)
+					log.Add(0, "", at)
 					continue
 				}
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				log.add(resp.StatusCode, strings.TrimSpace(string(b)), at)
+				log.Add(resp.StatusCode, strings.TrimSpace(string(b)), at)
 			}
 		}
 		wg.Add(2)
@@ -806,27 +781,27 @@ func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 		env.AssertStartedWith(ns, t2, third)
 		s.WaitMetric("raysync_rotation_clusters", map[string]string{"kind": "RayService", "state": "current"}, 1, 30*time.Second)
 
-		if serve.fail != 0 || serve.ok == 0 {
-			t.Errorf("Serve requests throughout: %d failed, %d answered", serve.fail, serve.ok)
+		if serve.Fail != 0 || serve.OK == 0 {
+			t.Errorf("Serve requests throughout: %d failed, %d answered", serve.Fail, serve.OK)
 		}
-		if len(serve.bodies) < 2 || serve.bodies[0] != "hello from blue" || serve.bodies[len(serve.bodies)-1] != "hello from green" {
-			t.Errorf("Serve answers in order: %q", serve.bodies)
+		if len(serve.Bodies) < 2 || serve.Bodies[0] != "hello from blue" || serve.Bodies[len(serve.Bodies)-1] != "hello from green" {
+			t.Errorf("Serve answers in order: %q", serve.Bodies)
 		}
 		var window time.Duration
-		for _, at := range jobs.refused {
+		for _, at := range jobs.Refused {
 			if at.Before(rotatedAt) || at.After(switchedAt.Add(2*time.Second)) {
 				t.Errorf("the Jobs API refused the canonical token at %s, outside the switch (rotation %s, switch %s)",
 					at.Format(time.RFC3339Nano), rotatedAt.Format(time.RFC3339Nano), switchedAt.Format(time.RFC3339Nano))
 			}
 		}
-		if n := len(jobs.refused); n > 0 {
-			window = jobs.refused[n-1].Sub(jobs.refused[0]) + 250*time.Millisecond
+		if n := len(jobs.Refused); n > 0 {
+			window = jobs.Refused[n-1].Sub(jobs.Refused[0]) + 250*time.Millisecond
 		}
-		if jobs.fail != len(jobs.refused) {
-			t.Errorf("Jobs API: %d calls failed other than for their token", jobs.fail-len(jobs.refused))
+		if jobs.Fail != len(jobs.Refused) {
+			t.Errorf("Jobs API: %d calls failed other than for their token", jobs.Fail-len(jobs.Refused))
 		}
 		t.Logf("MEASURE real-ray-service kuberay=%s ready_s=%.1f blue_green_s=%.1f rotation_replace_s=%.1f serve_ok=%d serve_failed=%d jobs_ok=%d jobs_refused=%d refused_window_s=%.1f",
-			env.KubeRayVersion, ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.ok, serve.fail, jobs.ok, len(jobs.refused), window.Seconds())
+			env.KubeRayVersion, ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.OK, serve.Fail, jobs.OK, len(jobs.Refused), window.Seconds())
 	})
 }
 

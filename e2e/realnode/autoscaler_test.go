@@ -39,12 +39,7 @@ func TestRealNodeAutoscalerScalesByX509(t *testing.T) {
 		t.Fatal(err)
 	}
 	const platform, ns, name = "raysync", "realnode-auto", "auto"
-	for _, n := range []string{platform, ns} {
-		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		waitServiceAccount(ctx, t, cp.Kube, n)
-	}
+	createNamespaces(ctx, t, cp, platform, ns)
 	token := fmt.Sprintf("realnode-auto-token-%d", time.Now().UnixNano())
 	if _, err := cp.Kube.CoreV1().Secrets(platform).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
 		StringData: map[string]string{"auth_token": token}}, metav1.CreateOptions{}); err != nil {

@@ -61,12 +61,7 @@ func TestRealNodeGatewayByDNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	const platform, ns, name = "raysync", "realnode-gw", "gwc"
-	for _, n := range []string{platform, ns} {
-		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		waitServiceAccount(ctx, t, cp.Kube, n)
-	}
+	createNamespaces(ctx, t, cp, platform, ns)
 	t1 := fmt.Sprintf("realnode-gw-token-1-%d", time.Now().UnixNano())
 	if _, err := cp.Kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
 		StringData: map[string]string{"auth_token": t1}}, metav1.CreateOptions{}); err != nil {

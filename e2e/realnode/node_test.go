@@ -162,3 +162,14 @@ func events(ctx context.Context, kube kubernetes.Interface, ns string) string {
 	}
 	return b.String()
 }
+
+// createNamespaces creates each namespace and waits for its default ServiceAccount (pods need it).
+func createNamespaces(ctx context.Context, t *testing.T, cp *framework.ControlPlane, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitServiceAccount(ctx, t, cp.Kube, n)
+	}
+}

@@ -38,12 +38,7 @@ func TestRealNodeRestartStartsEveryContainerOnTheWrittenToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	const platform, ns, name, rounds = "raysync", "realnode-restart", "rc", 3
-	for _, n := range []string{platform, ns} {
-		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		waitServiceAccount(ctx, t, cp.Kube, n)
-	}
+	createNamespaces(ctx, t, cp, platform, ns)
 	token := func(r int) string { return fmt.Sprintf("realnode-restart-token-%d-%d", r, time.Now().UnixNano()) }
 	tokens := []string{token(0)}
 	source := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"}, StringData: map[string]string{"auth_token": tokens[0]}}

@@ -47,12 +47,7 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	const platform, ns, name = "raysync", "seed000", "svc"
-	for _, n := range []string{platform, ns} {
-		if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		waitServiceAccount(ctx, t, cp.Kube, n)
-	}
+	createNamespaces(ctx, t, cp, platform, ns)
 	token := func(r int) string { return fmt.Sprintf("seed000-canonical-%d-%d", r, time.Now().UnixNano()) }
 	t1 := token(1)
 	if _, err := cp.Kube.CoreV1().Secrets(platform).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
@@ -159,10 +154,10 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve, jobs, keepAlive := &callLog{}, &callLog{}, &callLog{}
+	serve, jobs, keepAlive := &framework.CallLog{}, &framework.CallLog{}, &framework.CallLog{}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	loop := func(log *callLog, url string, tok func() string, reuse bool) {
+	loop := func(log *framework.CallLog, url string, tok func() string, reuse bool) {
 		defer wg.Done()
 		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: !reuse}}
 		for {
@@ -178,13 +173,13 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 			at := time.Now()
 			resp, err := client.Do(req)
 			if err != nil {
-				log.add(0, err.Error(), at)
+				log.Add(0, err.Error(), at)
 				continue
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			log.took(time.Since(at), at)
-			log.add(resp.StatusCode, strings.TrimSpace(string(b)), at)
+			log.Took(time.Since(at), at)
+			log.Add(resp.StatusCode, strings.TrimSpace(string(b)), at)
 		}
 	}
 	serveURL := "http://" + name + "-serve-svc." + ns + ".svc.cluster.local:8000/"
@@ -237,35 +232,35 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 		t.Errorf("the rotated cluster answered the previous token with HTTP %d, want 403", code)
 	}
 
-	if serve.fail != 0 || serve.ok == 0 {
+	if serve.Fail != 0 || serve.OK == 0 {
 		var when []string
-		for _, at := range serve.failedAt {
+		for _, at := range serve.FailedAt {
 			when = append(when, fmt.Sprintf("%+.1fs from the upgrade's switch, %+.1fs from the rotation's", at.Sub(upgraded).Seconds(), at.Sub(switchedAt).Seconds()))
 		}
-		t.Errorf("Serve requests throughout: %d failed (%v at %v), %d answered", serve.fail, serve.errors, when, serve.ok)
+		t.Errorf("Serve requests throughout: %d failed (%v at %v), %d answered", serve.Fail, serve.Errors, when, serve.OK)
 	}
-	if len(serve.bodies) < 2 || serve.bodies[0] != "hello from blue" || serve.bodies[len(serve.bodies)-1] != "hello from green" {
-		t.Errorf("Serve answers in order: %q", serve.bodies)
+	if len(serve.Bodies) < 2 || serve.Bodies[0] != "hello from blue" || serve.Bodies[len(serve.Bodies)-1] != "hello from green" {
+		t.Errorf("Serve answers in order: %q", serve.Bodies)
 	}
-	for _, at := range jobs.refused {
+	for _, at := range jobs.Refused {
 		if at.Before(rotatedAt) || at.After(switchedAt.Add(2*time.Second)) {
 			t.Errorf("the Jobs API refused the canonical token at %s, outside the switch (rotation %s, switch %s)",
 				at.Format(time.RFC3339Nano), rotatedAt.Format(time.RFC3339Nano), switchedAt.Format(time.RFC3339Nano))
 		}
 	}
-	if jobs.fail != len(jobs.refused) {
-		t.Errorf("Jobs API: %d calls failed other than for their token: %v", jobs.fail-len(jobs.refused), jobs.errors)
+	if jobs.Fail != len(jobs.Refused) {
+		t.Errorf("Jobs API: %d calls failed other than for their token: %v", jobs.Fail-len(jobs.Refused), jobs.Errors)
 	}
 	var window time.Duration
-	if n := len(jobs.refused); n > 0 {
-		window = jobs.refused[n-1].Sub(jobs.refused[0]) + 250*time.Millisecond
+	if n := len(jobs.Refused); n > 0 {
+		window = jobs.Refused[n-1].Sub(jobs.Refused[0]) + 250*time.Millisecond
 	}
 	t.Logf("MEASURE seed 000 on the real node: RayService Ready %.1f s, blue-green %.1f s, rotation by replacement %.1f s; Serve %d answered, %d failed; Jobs API with the canonical token %d answered, %d refused (window %.1f s)",
-		ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.ok, serve.fail, jobs.ok, len(jobs.refused), window.Seconds())
+		ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.OK, serve.Fail, jobs.OK, len(jobs.Refused), window.Seconds())
 	// The keep-alive client, by phase: KubeRay's own blue-green upgrade (no raysync in it) and the
 	// replacement raysync started.
 	inUpgrade, inRotation := 0, 0
-	for _, at := range keepAlive.failedAt {
+	for _, at := range keepAlive.FailedAt {
 		if at.Before(upgraded) {
 			inUpgrade++
 		} else {
@@ -273,52 +268,7 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 		}
 	}
 	t.Logf("MEASURE the slowest Serve answer: %s, %+.1fs from the rotation's start (a connection per call); %s, %+.1fs (keep-alive)",
-		serve.slowest.Round(100*time.Millisecond), serve.slowestAt.Sub(rotatedAt).Seconds(), keepAlive.slowest.Round(100*time.Millisecond), keepAlive.slowestAt.Sub(rotatedAt).Seconds())
+		serve.Slowest.Round(100*time.Millisecond), serve.SlowestAt.Sub(rotatedAt).Seconds(), keepAlive.Slowest.Round(100*time.Millisecond), keepAlive.SlowestAt.Sub(rotatedAt).Seconds())
 	t.Logf("MEASURE a keep-alive Serve client: %d answered, %d failed during KubeRay's blue-green upgrade, %d during raysync's replacement (%v)",
-		keepAlive.ok, inUpgrade, inRotation, keepAlive.errors)
-}
-
-// callLog is what a client calling every 250 ms saw: failures and when the answer changed.
-type callLog struct {
-	mu        sync.Mutex
-	ok, fail  int
-	refused   []time.Time // calls refused for their token (403)
-	bodies    []string    // distinct answers in order
-	errors    map[string]int
-	failedAt  []time.Time // calls failed other than for their token
-	slowest   time.Duration
-	slowestAt time.Time
-}
-
-func (c *callLog) took(d time.Duration, at time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if d > c.slowest {
-		c.slowest, c.slowestAt = d, at
-	}
-}
-
-func (c *callLog) add(code int, body string, at time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case code == http.StatusOK:
-		c.ok++
-		if n := len(c.bodies); n == 0 || c.bodies[n-1] != body {
-			c.bodies = append(c.bodies, body)
-		}
-	case code == http.StatusForbidden:
-		c.refused = append(c.refused, at)
-		c.fail++
-	default:
-		c.fail++
-		c.failedAt = append(c.failedAt, at)
-		if c.errors == nil {
-			c.errors = map[string]int{}
-		}
-		if len(body) > 120 {
-			body = body[:120]
-		}
-		c.errors[fmt.Sprintf("%d %s", code, body)]++
-	}
+		keepAlive.OK, inUpgrade, inRotation, keepAlive.Errors)
 }
