@@ -142,17 +142,16 @@ func TestRealNodeAutoscalerScalesByX509(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got string
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cp.Kubeconfig, "-n", ns, "exec", headPod.Name, "-c", "autoscaler", "--",
 			"sha256sum", certPath).Output()
 		if err != nil {
 			return false, nil
 		}
-		got, _, _ = strings.Cut(string(out), " ")
+		got, _, _ := strings.Cut(string(out), " ")
 		return got == want, nil
 	}); err != nil {
-		t.Fatalf("the renewed certificate never reached the autoscaler container (%s holds %s)", certPath, got)
+		t.Fatalf("the renewed certificate never reached the autoscaler container (%s still differs from it)", certPath)
 	}
 	refreshed := time.Since(renewedAt)
 	if err := cp.Kube.RbacV1().RoleBindings(ns).Delete(ctx, oldUser, metav1.DeleteOptions{}); err != nil {
