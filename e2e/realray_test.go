@@ -412,7 +412,7 @@ func TestRealRayAutoscalingPrivateClusterThroughARotation(t *testing.T) {
 		if cur := env.WaitSecret(ns, "auto", time.Second, nil); cur.ResourceVersion != before.ResourceVersion {
 			t.Error("the held cluster's Secret was written after the rotation")
 		}
-		if all, with := env.startsSince(ns, "auto", t1, rotatedAt); all == 0 || with != all {
+		if all, with := env.startsSince(ns, "auto", t1, rotatedAt, nil); all == 0 || with != all {
 			t.Errorf("held cluster: %d of %d container starts after the rotation used the token it runs on", with, all)
 		}
 		// A node is DEAD in Ray's list once the autoscaler removed its idle worker (idleTimeoutSeconds
