@@ -158,7 +158,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		}),
 		PodsRecycled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_pods_recycled_total",
-			Help: "Pending Ray pods deleted so KubeRay recreates them from the fixed template, by missing entry.",
+			Help: "Ray pods deleted so KubeRay recreates them: never-started ones from the fixed template, by missing entry (pull_secret, autoscaler_tls), and ones whose containers started around raysync's write of their auth Secret and may hold its earlier token (auth_token).",
 		}, []string{"reason"}),
 		PodsStartedWithout: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_pods_started_without_config_total",
@@ -169,6 +169,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		m.PodsRecycled.WithLabelValues(r)
 		m.PodsStartedWithout.WithLabelValues(r)
 	}
+	m.PodsRecycled.WithLabelValues(names.RecycledAuthToken)
 	for _, r := range names.Results {
 		m.Syncs.WithLabelValues(r)
 	}

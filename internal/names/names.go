@@ -21,6 +21,11 @@ const (
 	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339); on a Secret raysync created
 	// holding it, the second before its creation (no container can have read it earlier).
 	SyncedAtAnnotation = "raysync.dev/synced-at"
+	// WrittenUnderPodsAnnotation ("true") on a token target raysync wrote while pods that read it
+	// existed, none of them started: a kubelet may have read the earlier value just before the write
+	// (its status still showing the last back-off), so raysync recycles those pods whose containers
+	// started around the write.
+	WrittenUnderPodsAnnotation = "raysync.dev/written-under-pods"
 )
 
 // Rotation: how a running cluster moves to a new canonical token (README, "Rotation").
@@ -161,6 +166,9 @@ var Results = []string{ResultCreated, ResultUpdated, ResultUnchanged, ResultRefu
 const (
 	StalePullSecret    = string(KindPullSecret)
 	StaleAutoscalerTLS = string(KindAutoscalerTLS)
+	// RecycledAuthToken: a pod whose containers started around raysync's write of its auth Secret
+	// and may hold the value it held before (recycled only, never stale).
+	RecycledAuthToken = string(KindAuthToken)
 )
 
 // Event reasons (on the RayCluster, except SourceInvalid, which is on the source Secret).

@@ -272,7 +272,7 @@ func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger)
 	p := act.Pod
 	log = log.With(zap.String("pod", p.Name), zap.Strings("missing", act.Missing))
 	if a.dryRun {
-		log.Info("dry-run: would delete pending pod to recreate it from the fixed template")
+		log.Info("dry-run: would delete the pod so KubeRay recreates it")
 		return nil
 	}
 	err := a.kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
@@ -281,7 +281,7 @@ func (a *applier) deletePod(ctx context.Context, act DeletePod, log *zap.Logger)
 		for _, m := range act.Missing {
 			a.metrics.PodsRecycled.WithLabelValues(m).Inc()
 		}
-		log.Info("recycled pending pod created before the template fix")
+		log.Info("recycled pod: KubeRay recreates it")
 	}
 	return deleted(err)
 }

@@ -47,11 +47,12 @@ type PatchCluster struct {
 	Reapplied bool
 }
 
-// DeletePod deletes a never-started pod so KubeRay recreates it from the fixed template
-// (preconditions: UID and resourceVersion).
+// DeletePod deletes a pod so KubeRay recreates it (preconditions: UID and resourceVersion): a
+// never-started one, from the fixed template, or one that may hold the token its Secret held before
+// raysync's write (recycleRacedPods).
 type DeletePod struct {
 	Pod     *corev1.Pod
-	Missing []string // names.StalePullSecret / names.StaleAutoscalerTLS
+	Missing []string // names.StalePullSecret / names.StaleAutoscalerTLS / names.RecycledAuthToken
 }
 
 // RecordEvent records an Event. With DedupKey set, apply remembers DedupValue for the cluster, and

@@ -294,6 +294,7 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase, cfg Config) bool {
 		p.Actions = append(p.Actions, UpdateSecret{Secret: withCopyMeta(cur, cfg.Source, names.KindAuthToken)})
 	case tokenInSync:
 		p.Unchanged, p.TargetHoldsCurrent = true, true
+		p.recycleRacedPods(f)
 	case tokenRestore:
 		if !f.onCurrent {
 			p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, f.recordedAt)})
@@ -310,7 +311,11 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase, cfg Config) bool {
 		if cur.Annotations[names.TokenSHA256Annotation] != "" {
 			reason, message = names.ReasonTokenRotated, "auth Secret updated to the rotated canonical token from "+cfg.Source.String()
 		}
-		p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, in.Now), Propagates: true})
+		desired := withToken(cur, token, cfg.Source, in.Now)
+		if len(cur.Data[kuberay.AuthTokenKey]) > 0 && slices.ContainsFunc(f.readers, onANode) {
+			desired.Annotations[names.WrittenUnderPodsAnnotation] = "true" // see recycleRacedPods
+		}
+		p.Actions = append(p.Actions, UpdateSecret{Secret: desired, Propagates: true})
 		p.event(in, corev1.EventTypeNormal, reason, message)
 	}
 	p.recordStanding(in, cfg, t, runsOnCurrent(f, c))
@@ -369,6 +374,48 @@ func mayHaveBeenRead(s *corev1.Secret, readers []*corev1.Pod, now, watchingSince
 	young := s.Annotations[names.TokenSHA256Annotation] == "" && !created.Before(watchingSince) && now.Sub(created) < readWindow
 	return slices.ContainsFunc(readers, func(p *corev1.Pod) bool { return podMayHaveRead(p, young) })
 }
+
+// createLatency bounds how long a kubelet that read a container's env takes to start it; meanwhile its
+// status may still show the last attempt's waiting reason (ImagePullBackOff, CreateContainerConfigError:
+// 21 ms on the real node, docs/contributing/standin.md). The margin leaves room for a loaded node.
+const createLatency = time.Second
+
+// recycleRacedPods deletes the cluster's pods that may hold the token its target held before raysync
+// wrote the current one. raysync writes into a Secret holding a token only while no reader shows a
+// started container (mayHaveBeenRead), but a kubelet may have read the earlier value just before the
+// write, its status still saying the container waits. Such a pod existed at the write (created no
+// later than its second) and has a container that started before the second after the write plus
+// createLatency (start times have whole seconds); KubeRay recreates it, and the new pod reads the
+// current token. Only a Secret raysync wrote under reader pods carries WrittenUnderPodsAnnotation: a
+// restart's write, with every pod gone, or a write over a missing token, cannot have raced.
+func (p *ClusterPlan) recycleRacedPods(f *tokenFacts) {
+	cur := f.cur
+	if cur.Annotations[names.WrittenUnderPodsAnnotation] != "true" || cur.Annotations[names.TokenSHA256Annotation] != f.src.digest {
+		return
+	}
+	written, err := time.Parse(time.RFC3339Nano, cur.Annotations[names.SyncedAtAnnotation])
+	if err != nil {
+		return
+	}
+	second := written.Truncate(time.Second)
+	until := second.Add(time.Second + createLatency)
+	early := func(cs corev1.ContainerStatus) bool {
+		s := containerStartedAt(cs)
+		return !s.IsZero() && s.Before(until)
+	}
+	for _, pod := range f.in.Pods {
+		if pod.DeletionTimestamp != nil || pod.CreationTimestamp.After(second) || !controlledBy(pod, f.in.Cluster.GetUID()) ||
+			!slices.ContainsFunc(pod.Status.InitContainerStatuses, early) && !slices.ContainsFunc(pod.Status.ContainerStatuses, early) {
+			continue
+		}
+		p.Actions = append(p.Actions, DeletePod{Pod: pod, Missing: []string{names.RecycledAuthToken}})
+		p.event(f.in, corev1.EventTypeNormal, names.ReasonPodRecycled, fmt.Sprintf(
+			"deleted pod %s: a container started within %s of raysync's write of the canonical token into Secret %s (%s) and may hold the "+
+				"token the Secret held before; KubeRay recreates it on the canonical token", pod.Name, time.Second+createLatency, f.t.Name, written.UTC().Format(time.RFC3339)))
+	}
+}
+
+func onANode(p *corev1.Pod) bool { return p.Spec.NodeName != "" }
 
 // startedOnCurrent reports, from durable state alone (so every replica and every restart plans the
 // same), whether the containers that have started among readers can only hold the current canonical
@@ -501,6 +548,7 @@ func withToken(s *corev1.Secret, token []byte, source types.NamespacedName, now 
 	s.Annotations[names.SourceAnnotation] = source.String()
 	s.Annotations[names.TokenSHA256Annotation] = tokenDigest(token)
 	s.Annotations[names.SyncedAtAnnotation] = now.UTC().Format(time.RFC3339Nano)
+	delete(s.Annotations, names.WrittenUnderPodsAnnotation)
 	if _, ok := s.Annotations[names.KindAnnotation]; ok {
 		s.Annotations[names.KindAnnotation] = string(names.KindAuthToken)
 	}

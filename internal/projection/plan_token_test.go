@@ -1,10 +1,12 @@
 package projection
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/names"
@@ -102,4 +104,99 @@ func TestClassifyTokenTarget(t *testing.T) {
 			t.Error("notOurs does not hold for a Secret without the cluster as controller")
 		}
 	})
+}
+
+// A kubelet can read a container's env just before raysync writes the Secret while the pod's status
+// still shows the last attempt's waiting reason (the real kubelet's status keeps ImagePullBackOff or
+// CreateContainerConfigError until the container runs): raysync marks a write made under such pods,
+// and recycles those whose containers started around it, so no cluster keeps a container on the
+// token the Secret held before.
+func TestWriteUnderWaitingPodsRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
+	cfg := Config{Source: tokenSrc}
+	seen := watchingSince(planNow.Add(-time.Hour))
+	waiting := func(p *corev1.Pod) { onNode(p); pulling(p) }
+	t.Run("the write under a waiting pod is marked", func(t *testing.T) {
+		for name, tc := range map[string]struct {
+			secret *corev1.Secret
+			pods   []*corev1.Pod
+			marked bool
+		}{
+			"a pod on a node pulls its image":            {secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1", waiting)}, marked: true},
+			"no pod (a restart's write)":                 {secret: kuberaysOld()},
+			"a pod no node has yet":                      {secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1")}},
+			"the Secret held no token (nothing to read)": {secret: secret(ns, "c1", nil, ownedBy("c1")), pods: []*corev1.Pod{rayPod("c1-head", "c1", waiting)}},
+		} {
+			t.Run(name, func(t *testing.T) {
+				in := input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(tc.secret), pods(tc.pods...), seen)
+				want := withToken(tc.secret, []byte(token), tokenSrc, planNow)
+				if tc.marked {
+					want.Annotations[names.WrittenUnderPodsAnnotation] = "true"
+				}
+				got := planCluster(in, cfg.withDefaults())
+				checkPlan(t, got, []Action{UpdateSecret{Secret: want, Propagates: true},
+					normal(in.Cluster, names.ReasonTokenProjected, "auth Secret now holds the canonical token from raysync-system/ray-token")})
+			})
+		}
+	})
+
+	written := planNow.Add(-10*time.Second + 700*time.Millisecond) // at .7 of its second
+	second := written.Truncate(time.Second)
+	writtenUnder := func(opts ...func(*corev1.Secret)) *corev1.Secret {
+		s := withToken(kuberaysOld(), []byte(token), tokenSrc, written)
+		s.Annotations[names.WrittenUnderPodsAnnotation] = "true"
+		for _, o := range opts {
+			o(s)
+		}
+		return s
+	}
+	createdBefore := func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(second.Add(-5 * time.Second)) }
+	startedAt := func(at time.Time) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Status.Phase = corev1.PodRunning
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "ray-worker",
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(at)}}}}
+		}
+	}
+	recycled := func(rc *unstructured.Unstructured, p *corev1.Pod) []Action {
+		return []Action{DeletePod{Pod: p, Missing: []string{names.RecycledAuthToken}}, normal(rc, names.ReasonPodRecycled, fmt.Sprintf(
+			"deleted pod %s: a container started within 2s of raysync's write of the canonical token into Secret c1 (%s) and may hold the token "+
+				"the Secret held before; KubeRay recreates it on the canonical token", p.Name, written.UTC().Format(time.RFC3339)))}
+	}
+	tests := map[string]struct {
+		secret  *corev1.Secret
+		pod     *corev1.Pod
+		recycle bool
+	}{
+		"started in the write's second":     {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second)), recycle: true},
+		"started in the second after":       {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(time.Second))), recycle: true},
+		"started two seconds after: kept":   {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(2*time.Second)))},
+		"started before the write (unseen)": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(-time.Second))), recycle: true},
+		"an init container started early": {secret: writtenUnder(), recycle: true, pod: rayPod("c1-worker", "c1", onNode, createdBefore,
+			startedAt(second.Add(5*time.Second)), func(p *corev1.Pod) {
+				p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "wait-gcs-ready", State: corev1.ContainerState{
+					Terminated: &corev1.ContainerStateTerminated{StartedAt: metav1.NewTime(second.Add(time.Second)), ExitCode: 0}}}}
+			})},
+		"created after the write's second: kept": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode,
+			func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(second.Add(time.Second)) }, startedAt(second.Add(time.Second)))},
+		"a write without the mark (no pod then): kept": {secret: withToken(kuberaysOld(), []byte(token), tokenSrc, written),
+			pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second))},
+		"being deleted: kept": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second),
+			func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: planNow} })},
+		"not the cluster's pod: kept": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second),
+			func(p *corev1.Pod) { p.OwnerReferences[0].UID = "someone-else" })},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			in := input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(tc.secret), pods(tc.pod), seen)
+			got := planCluster(in, cfg.withDefaults())
+			var want []Action
+			if tc.recycle {
+				want = recycled(in.Cluster, tc.pod)
+			}
+			checkPlan(t, got, want)
+			if got.Status.Token != names.StateInSync {
+				t.Errorf("state %q, want in sync", got.Status.Token)
+			}
+		})
+	}
 }
