@@ -7,9 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,4 +273,41 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 		serve.Slowest.Round(100*time.Millisecond), serve.SlowestAt.Sub(rotatedAt).Seconds(), keepAlive.Slowest.Round(100*time.Millisecond), keepAlive.SlowestAt.Sub(rotatedAt).Seconds())
 	t.Logf("MEASURE a keep-alive Serve client: %d answered, %d failed during KubeRay's blue-green upgrade, %d during raysync's replacement (%v)",
 		keepAlive.OK, inUpgrade, inRotation, keepAlive.Errors)
+	if max(serve.Slowest, keepAlive.Slowest) > 5*time.Second {
+		explainSlowAnswers(ctx, t, cp, ns, upgradeAt, rotatedAt)
+	}
+}
+
+// explainSlowAnswers prints where a slow Serve answer's time went, as the service proxy saw it, and
+// the namespace's Events, both against the rotation's start.
+func explainSlowAnswers(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns string, since, rotatedAt time.Time) {
+	t.Helper()
+	if b, err := os.ReadFile(cp.LogPath("service-proxy")); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "slow:") {
+				t.Logf("service proxy: %s", line)
+			}
+		}
+	}
+	evs, err := cp.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("events: %v", err)
+		return
+	}
+	sort.Slice(evs.Items, func(i, j int) bool { return eventTime(evs.Items[i]).Before(eventTime(evs.Items[j])) })
+	for _, e := range evs.Items {
+		if at := eventTime(e); !at.Before(since) {
+			t.Logf("event %+6.1fs %s %s/%s %s: %s", at.Sub(rotatedAt).Seconds(), e.Source.Component+e.ReportingController, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+}
+
+func eventTime(e corev1.Event) time.Time {
+	switch {
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	}
+	return e.CreationTimestamp.Time
 }

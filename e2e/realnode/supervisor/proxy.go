@@ -7,6 +7,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"time"
 )
@@ -17,6 +18,8 @@ import (
 // and the connection goes straight to the Service or pod address, which the host routes into the
 // node (kube-proxy translates it there). It dials nothing outside allow.
 func serveProxy(listen, dns, allow string) error {
+	const slow = 2 * time.Second
+	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	_, allowed, err := net.ParseCIDR(allow)
 	if err != nil {
 		return err
@@ -30,13 +33,22 @@ func serveProxy(listen, dns, allow string) error {
 		if err != nil {
 			return nil, err
 		}
+		t0 := time.Now()
 		ips, err := resolver.LookupIPAddr(ctx, host)
+		if d := time.Since(t0); d > slow {
+			log.Printf("slow: DNS lookup of %s took %s (%v)", host, d.Round(time.Millisecond), err)
+		}
 		if err != nil {
 			return nil, err
 		}
 		for _, ip := range ips {
 			if allowed.Contains(ip.IP) {
-				return dialer.DialContext(ctx, network, net.JoinHostPort(ip.IP.String(), port))
+				t1 := time.Now()
+				c, err := dialer.DialContext(ctx, network, net.JoinHostPort(ip.IP.String(), port))
+				if d := time.Since(t1); d > slow {
+					log.Printf("slow: connecting to %s (%s) took %s (%v)", ip.IP, host, d.Round(time.Millisecond), err)
+				}
+				return c, err
 			}
 		}
 		return nil, fmt.Errorf("%s resolves to %v, outside %s", host, ips, allowed)
@@ -55,7 +67,19 @@ func serveProxy(listen, dns, allow string) error {
 				http.Error(w, "an HTTP proxy: send absolute-URI requests (HTTP_PROXY)", http.StatusBadRequest)
 				return
 			}
-			forward.ServeHTTP(w, r)
+			// A slow answer is logged with where the time went (the tests print these lines when a
+			// client saw one): a new or reused connection, and when the upstream answered.
+			start := time.Now()
+			var reused bool
+			var firstByte time.Duration
+			trace := &httptrace.ClientTrace{
+				GotConn:              func(i httptrace.GotConnInfo) { reused = i.Reused },
+				GotFirstResponseByte: func() { firstByte = time.Since(start) },
+			}
+			forward.ServeHTTP(w, r.WithContext(httptrace.WithClientTrace(r.Context(), trace)))
+			if d := time.Since(start); d > slow {
+				log.Printf("slow: %s %s took %s: connection reused %v, first response byte after %s", r.Method, r.URL, d.Round(time.Millisecond), reused, firstByte.Round(time.Millisecond))
+			}
 			return
 		}
 		up, err := dial(r.Context(), "tcp", r.Host)
