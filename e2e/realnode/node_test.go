@@ -16,8 +16,15 @@ import (
 	"github.com/raysync/raysync/e2e/framework"
 )
 
-// startNode starts a control plane with the real node and returns it; the test's cleanup stops it.
+// startNode starts a control plane with the real node and KubeRay v1.6.1 and returns it; the test's
+// cleanup stops it.
 func startNode(t *testing.T) *framework.ControlPlane {
+	t.Helper()
+	return startNodeWith(t, "v1.6.1")
+}
+
+// startNodeWith is startNode with the given KubeRay operator version.
+func startNodeWith(t *testing.T, kuberay string) *framework.ControlPlane {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("e2e: skipped in -short mode")
@@ -26,7 +33,7 @@ func startNode(t *testing.T) *framework.ControlPlane {
 		t.Fatal("the real node needs root (network, mount and PID namespaces, cgroups)")
 	}
 	t0 := time.Now()
-	cp, err := framework.Start(context.Background(), framework.Options{RealNode: true, KubeRayVersion: "v1.6.1", Logf: t.Logf})
+	cp, err := framework.Start(context.Background(), framework.Options{RealNode: true, KubeRayVersion: kuberay, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

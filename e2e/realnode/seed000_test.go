@@ -35,9 +35,16 @@ import (
 // calling Serve every 250 ms throughout sees no error; one calling the Jobs API with the canonical
 // token is refused only from the rotation until the new cluster serves (the README's window). Both
 // open a connection per call; a keep-alive Serve client is measured beside them (its connection stays
-// on the old cluster's head until KubeRay deletes it).
+// on the old cluster's head until KubeRay deletes it). Both KubeRay versions: how a RayService moves
+// to a new cluster is the operator's code, and it changed between them.
 func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
-	cp := startNode(t)
+	for _, v := range []string{"v1.5.1", "v1.6.1"} {
+		t.Run("kuberay-"+v, func(t *testing.T) { seed000(t, v) })
+	}
+}
+
+func seed000(t *testing.T, kuberay string) {
+	cp := startNodeWith(t, kuberay)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	image, err := cp.PushRayImage(ctx, t.Logf)
@@ -257,8 +264,8 @@ func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 	if n := len(jobs.Refused); n > 0 {
 		window = jobs.Refused[n-1].Sub(jobs.Refused[0]) + 250*time.Millisecond
 	}
-	t.Logf("MEASURE seed 000 on the real node: RayService Ready %.1f s, blue-green %.1f s, rotation by replacement %.1f s; Serve %d answered, %d failed; Jobs API with the canonical token %d answered, %d refused (window %.1f s)",
-		ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.OK, serve.Fail, jobs.OK, len(jobs.Refused), window.Seconds())
+	t.Logf("MEASURE seed 000 on the real node, KubeRay %s: RayService Ready %.1f s, blue-green %.1f s, rotation by replacement %.1f s; Serve %d answered, %d failed; Jobs API with the canonical token %d answered, %d refused (window %.1f s)",
+		kuberay, ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.OK, serve.Fail, jobs.OK, len(jobs.Refused), window.Seconds())
 	// The keep-alive client, by phase: KubeRay's own blue-green upgrade (no raysync in it) and the
 	// replacement raysync started.
 	inUpgrade, inRotation := 0, 0
