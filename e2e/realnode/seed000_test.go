@@ -20,6 +20,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/e2e/framework"
 )
@@ -211,6 +212,16 @@ func seed000(t *testing.T, kuberay string) {
 	blueGreen := time.Since(upgradeAt)
 	upgraded := time.Now()
 	startedWith(green, t1, "after the blue-green upgrade")
+	// The rotation starts once KubeRay deleted the first cluster (rayClusterDeletionDelaySeconds after
+	// the switch), so the replacement runs beside one cluster, as the upgrade did: with three Ray
+	// clusters starting and serving on the node's two cores, one Serve answer took ~20 s.
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + blue})
+		return err == nil && len(l.Items) == 0, nil
+	}); err != nil {
+		t.Fatalf("the first cluster %s still has pods 3 minutes after the upgrade", blue)
+	}
+	t.Logf("the first cluster's pods were gone %.1f s after the upgrade's switch", time.Since(upgraded).Seconds())
 
 	// Rotation: raysync has KubeRay replace the cluster; the new one is born on the new token.
 	t2 := token(2)
@@ -266,11 +277,11 @@ func seed000(t *testing.T, kuberay string) {
 	}
 	t.Logf("MEASURE seed 000 on the real node, KubeRay %s: RayService Ready %.1f s, blue-green %.1f s, rotation by replacement %.1f s; Serve %d answered, %d failed; Jobs API with the canonical token %d answered, %d refused (window %.1f s)",
 		kuberay, ready.Seconds(), blueGreen.Seconds(), replaced.Seconds(), serve.OK, serve.Fail, jobs.OK, len(jobs.Refused), window.Seconds())
-	// The keep-alive client, by phase: KubeRay's own blue-green upgrade (no raysync in it) and the
-	// replacement raysync started.
+	// The keep-alive client, by phase: KubeRay's own blue-green upgrade (no raysync in it), up to the
+	// first cluster's deletion, and the replacement raysync started.
 	inUpgrade, inRotation := 0, 0
 	for _, at := range keepAlive.FailedAt {
-		if at.Before(upgraded) {
+		if at.Before(rotatedAt) {
 			inUpgrade++
 		} else {
 			inRotation++
