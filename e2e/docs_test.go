@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/cmd/syncer/app"
@@ -81,6 +83,9 @@ type docsShell struct {
 	dir  string   // the shim's directory: kubectl, helm, and one <ns>.<deploy>.args file per raysync started
 	env  []string // the shell's environment
 	subs *strings.Replacer
+	// procs are the processes standing for Deployments ("<ns>.<deploy>"): `kubectl logs deploy/…` prints
+	// what each has logged so far.
+	procs map[string]*Syncer
 }
 
 const kubectlShim = `#!/usr/bin/env bash
@@ -90,6 +95,16 @@ for ((i=0; i<${#a[@]}; i++)); do
   case "${a[i]}" in -n|--namespace) ns=${a[i+1]};; --namespace=*) ns=${a[i]#*=};; esac
 done
 for ((i=0; i<${#a[@]}; i++)); do
+  if [ "${a[i]}" = logs ] && [[ "${a[i+1]}" == deploy/* ]]; then
+    f="$SHIM_DIR/$ns.${a[i+1]#deploy/}.log"
+    [ -f "$f" ] || { echo "docs shim: no process runs for ${a[i+1]} in $ns" >&2; exit 1; }
+    for x in "${a[@]}"; do
+      if [ "$x" = --previous ] || [ "$x" = -p ]; then
+        echo "Error from server (BadRequest): previous terminated container in pod of ${a[i+1]} not found (it never restarted)" >&2; exit 1
+      fi
+    done
+    exec cat "$f"
+  fi
   if [ "${a[i]}" = exec ] && [[ "${a[i+1]}" == deploy/* ]]; then
     f="$SHIM_DIR/$ns.${a[i+1]#deploy/}.args"
     [ -f "$f" ] || { echo "docs shim: no raysync runs for ${a[i+1]} in $ns" >&2; exit 1; }
@@ -129,7 +144,7 @@ func newDocsShell(e *Env, subs ...string) *docsShell {
 	}
 	env := append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "KUBECONFIG="+e.Kubeconfig, "SHIM_DIR="+dir, "SYNCER="+syncer, "REAL_KUBECTL="+real,
 		"HELM_CACHE_HOME="+e.t.TempDir(), "HELM_CONFIG_HOME="+e.t.TempDir(), "HELM_DATA_HOME="+e.t.TempDir())
-	return &docsShell{e: e, dir: dir, env: env, subs: strings.NewReplacer(append([]string{docsChartRef, docsChart(root)}, subs...)...)}
+	return &docsShell{e: e, dir: dir, env: env, subs: strings.NewReplacer(append([]string{docsChartRef, docsChart(root)}, subs...)...), procs: map[string]*Syncer{}}
 }
 
 // run runs one documented block as a reader would, stopping at the first failing command (bash -e; a
@@ -156,8 +171,20 @@ func (d *docsShell) redact(s string) string {
 
 func (d *docsShell) try(block string, extraEnv ...string) (string, error) {
 	d.e.t.Helper()
+	return d.shell([]string{"-e"}, block, extraEnv...)
+}
+
+// shell runs block with bash's options opts, after writing what each process standing for a
+// Deployment has logged so far where the kubectl shim finds it.
+func (d *docsShell) shell(opts []string, block string, extraEnv ...string) (string, error) {
+	d.e.t.Helper()
+	for key, p := range d.procs {
+		if err := os.WriteFile(filepath.Join(d.dir, key+".log"), []byte(p.out.String()), 0o600); err != nil {
+			d.e.t.Fatal(err)
+		}
+	}
 	script := d.subs.Replace(block)
-	cmd := exec.Command("bash", "-e", "-c", script)
+	cmd := exec.Command("bash", append(opts, "-c", script)...)
 	cmd.Env = append(append([]string{}, d.env...), extraEnv...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -187,7 +214,7 @@ func (d *docsShell) startDeployments(ns string) {
 		}
 		run := deploymentArgs(&dep)
 		kubeconfig, _ := d.e.serviceAccountKubeconfig(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)
-		d.e.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + dep.Namespace}, nil, append(run, "--leader-election-retry-period=500ms")...)
+		d.procs[dep.Namespace+"."+dep.Name] = d.e.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + dep.Namespace}, nil, append(run, "--leader-election-retry-period=500ms")...)
 		// What each command inherits in the pod (cmd/syncer/app's InheritedFlags, from the Deployment's own arguments).
 		for _, cmd := range []string{"status", "rotate", "uninstall", "revoke-previous"} {
 			inPod := app.InheritedFlags(cmd, dep.Spec.Template.Spec.Containers[0].Args)
@@ -342,5 +369,144 @@ func TestDocsRotationBlockedRunbook(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("step 4 never confirmed the wave unblocked: %v\n%s", err, sh.redact(last))
+	}
+}
+
+// shBlocks returns every ```sh block of page, in order.
+func shBlocks(t *testing.T, page string) []string {
+	t.Helper()
+	root, _ := framework.RepoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "docs", page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	var cur strings.Builder
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case !in && strings.TrimSpace(line) == "```sh":
+			in, cur = true, strings.Builder{}
+		case in && strings.HasPrefix(line, "```"):
+			blocks, in = append(blocks, cur.String()), false
+		case in:
+			cur.WriteString(line + "\n")
+		}
+	}
+	return blocks
+}
+
+// docsDrift are what a command prints when the docs name a flag, a resource, an object, a file or a
+// JSON path that does not exist.
+var docsDrift = []string{"error:", "Error from server", "No such file", "command not found", "unknown flag", "unknown command",
+	"unknown shorthand", "docs shim:", "jq: ", "Usage:", "not found"}
+
+// TestDocsRunbooksRun runs every command of every runbook as written (each ```sh block in a shell of
+// its own, with the variables a reader sets at its top) against raysync installed from the chart with
+// its webhook and gateway: each command must run without an error that says the docs name something
+// that is not there (a flag, a resource, an object, a JSON path), and each page's commands must show
+// what the page says they show. The RaysyncRotationBlocked runbook runs through a real incident in
+// TestDocsRotationBlockedRunbook; what the harness cannot serve is allowed by name, page by page.
+func TestDocsRunbooksRun(t *testing.T) {
+	if len(controlPlanes) == 0 || controlPlanes[0].External {
+		t.Skip("needs the harness's control plane")
+	}
+	env := newEnv(t, controlPlanes[0])
+	env.StandIn()
+	rel, src, cns := env.Namespace(), env.Namespace(), env.Namespace()
+	release := "rs-" + rel
+	fullname := release + "-raysync"
+	token := env.NewToken()
+	env.PutSource(src, "ray-token", tokenData(token))
+	crt, key := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(30*24*time.Hour))
+	env.PutSecret(src, "autoscaler-tls", corev1.SecretTypeTLS, map[string][]byte{"tls.crt": crt, "tls.key": key})
+	set := "authSource.namespace=" + src + ",authSource.name=ray-token,namespaces={" + cns + "},rbac.scope=namespaces,webhook.enabled=true,gateway.enabled=true"
+	out, err := helm(t, "template", release, chart, "--namespace", rel, "--set", set)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	env.kubectlApply(out)
+	t.Cleanup(func() { env.kubectlDeleteClusterScoped(out) })
+	sh := newDocsShell(env,
+		"NS=raysync RELEASE=raysync", "NS="+rel+" RELEASE="+fullname,
+		"CNS=ml-team CLUSTER=my-cluster SECRET=my-cluster", "CNS="+cns+" CLUSTER=c1 SECRET=c1",
+		"CNS=ml-team CLUSTER=my-cluster", "CNS="+cns+" CLUSTER=c1",
+		"CNS=ml-team", "CNS="+cns,
+		"SRC_NS=raysync SRC=ray-token", "SRC_NS="+src+" SRC=ray-token",
+		"SRC_NS=raysync SRC=autoscaler-tls", "SRC_NS="+src+" SRC=autoscaler-tls")
+	sh.startDeployments(rel)
+	gw := env.StartGateway(types.NamespacedName{Namespace: rel, Name: fullname + "-gateway"})
+	sh.procs[rel+"."+fullname+"-gateway"] = gw.Syncer
+	env.CreateRayCluster(rayCluster(cns, "c1"))
+	env.WaitSecret(cns, "c1", time.Minute, holds(token))
+	sum := sha256.Sum256([]byte(token))
+	digest := hex.EncodeToString(sum[:8])
+
+	vars := []string{"NS=" + rel, "RELEASE=" + fullname, "CNS=" + cns, "CLUSTER=c1", "SECRET=c1", "SRC_NS=" + src, "SRC=ray-token", "RAY_AUTH_TOKEN=" + token}
+	pages := map[string]struct {
+		shows   []string // what the page's commands print, together
+		allowed []string // errors the harness gives where a cluster would not
+	}{
+		"index.md":              {shows: []string{cns, "c1"}},
+		"client-auth-errors.md": {shows: []string{digest + "\n" + digest + "\n", "c1"}},
+		"raysyncautoscalercertexpiringsoon.md": {shows: []string{"notAfter="},
+			allowed: []string{`the server doesn't have a resource type "certificate"`}}, // no cert-manager here
+		"raysyncclustersbehind.md": {},
+		"raysyncdown.md": {shows: []string{"Name:", fullname},
+			allowed: []string{"previous terminated container"}}, // a raysync that never restarted
+		"raysyncgatewaydown.md":                 {shows: []string{fullname + "-gateway", "gateway"}},
+		"raysyncgatewayrefusingclients.md":      {},
+		"raysyncgatewaytableinvalid.md":         {shows: []string{fullname + "-gateway", "--gateway-table"}},
+		"raysyncgatewayupstreamauthfailures.md": {shows: []string{cns}},
+		"raysyncnoleader.md":                    {shows: []string{"holderIdentity", "leader", "yes"}},
+		"raysyncpodsrecycledrepeatedly.md":      {shows: []string{"manager:"}},
+		"raysyncpodsstartedwithoutconfig.md":    {shows: []string{"ENDPOINTS", cns}},
+		"raysyncsourceinvalid.md":               {shows: []string{cns}},
+		"raysyncstalepods.md":                   {shows: []string{cns}},
+		"raysynctargetsoutofsync.md":            {shows: []string{"Name:", "c1"}},
+		"raysyncwebhookcertexpiringsoon.md":     {shows: []string{"notAfter="}},
+		"raysyncwebhookinvalidreviews.md":       {shows: []string{fullname}},
+		"raysyncwebhookslow.md": {shows: []string{"requests"},
+			allowed: []string{"Metrics API not available"}}, // no metrics-server here
+	}
+	root, _ := framework.RepoRoot()
+	all, err := filepath.Glob(filepath.Join(root, "docs", "runbooks", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range all {
+		page := filepath.Base(path)
+		if page == "raysyncrotationblocked.md" {
+			continue
+		}
+		want, ok := pages[page]
+		if !ok {
+			t.Errorf("runbook %s is not run by this test: add it to the table", page)
+			continue
+		}
+		t.Run(strings.TrimSuffix(page, ".md"), func(t *testing.T) {
+			blocks := shBlocks(t, "runbooks/"+page)
+			if len(blocks) == 0 {
+				t.Fatalf("%s has no commands", page)
+			}
+			var got strings.Builder
+			for _, b := range blocks {
+				// Without -e, as a reader pastes them: a grep that finds nothing does not stop the rest.
+				o, _ := sh.shell(nil, b, vars...)
+				got.WriteString(o)
+			}
+			for _, line := range strings.Split(got.String(), "\n") {
+				if !slices.ContainsFunc(docsDrift, func(d string) bool { return strings.Contains(line, d) }) ||
+					slices.ContainsFunc(want.allowed, func(a string) bool { return strings.Contains(line, a) }) {
+					continue
+				}
+				t.Errorf("a command of %s failed as written: %s", page, sh.redact(line))
+			}
+			for _, s := range want.shows {
+				if !strings.Contains(got.String(), s) {
+					t.Errorf("the commands of %s did not show %q", page, sh.redact(s))
+				}
+			}
+		})
 	}
 }
