@@ -24,7 +24,7 @@ test: ## everything: vet, the docs site, unit tests, each fuzz target for 3s, th
 	$(GO) vet ./...
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
-	$(GO) test -count=1 -timeout 80m ./...
+	$(GO) test -count=1 -timeout 80m ./e2e/realnode/... ./e2e/... ./...  # the two longest packages first, side by side
 
 fuzz: ## run every fuzz target for FUZZTIME (default 60s) each
 	@set -e; for pkg in $(FUZZ_PACKAGES); do \

@@ -158,10 +158,15 @@ func TestRealNodeGatewayByDNS(t *testing.T) {
 	}
 	t.Logf("MEASURE gateway by DNS on the real node, through a rotation (client's Secret volume refreshed %s after the write): %v",
 		switched.Round(100*time.Millisecond), counts)
-	for k, n := range counts {
-		if k != "jobs 200" && k != "rayclient ok" {
-			t.Errorf("%d calls %q through the gateway:\n%s", n, k, lastLinesOf(all, 40))
-		}
+	// The claim is no auth error through the rotation: a 401 or 403, or a Ray Client session refused
+	// (UNAUTHENTICATED, PERMISSION_DENIED). Any other failure (a timeout on a starved node) is
+	// reported with what the client printed, and too few answers fail below.
+	authErrors, others := gatewayFailures(all)
+	if len(authErrors) > 0 {
+		t.Errorf("%d calls refused for their token through the gateway:\n%s", len(authErrors), strings.Join(authErrors, "\n"))
+	}
+	if len(others) > 0 {
+		t.Logf("MEASURE %d calls through the gateway failed for another reason than their token:\n%s", len(others), strings.Join(others, "\n"))
 	}
 	if counts["rayclient ok"] < 2 || counts["jobs 200"] < 30 {
 		t.Errorf("too few calls answered: %v", counts)
@@ -185,4 +190,42 @@ func lastLinesOf(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// gatewayFailures splits the client's failed calls (with what it printed after each) into those
+// refused for their token and the rest.
+func gatewayFailures(log string) (auth, other []string) {
+	lines := strings.Split(log, "\n")
+	for i, l := range lines {
+		f := strings.Fields(l)
+		if len(f) != 3 || (f[1] != "jobs" && f[1] != "rayclient") || f[2] == "200" || f[2] == "ok" {
+			continue
+		}
+		detail := l
+		for j := i + 1; j < len(lines) && j < i+12; j++ { // a failed session's output, up to the next call
+			if g := strings.Fields(lines[j]); len(g) == 3 && (g[1] == "jobs" || g[1] == "rayclient") {
+				break
+			}
+			detail += "\n    " + lines[j]
+		}
+		if f[2] == "401" || f[2] == "403" || strings.Contains(detail, "UNAUTHENTICATED") || strings.Contains(detail, "PERMISSION_DENIED") ||
+			strings.Contains(detail, "Unauthenticated") || strings.Contains(detail, "Invalid authentication token") {
+			auth = append(auth, detail)
+		} else {
+			other = append(other, detail)
+		}
+	}
+	return auth, other
+}
+
+func TestGatewayFailuresTellAuthFromLoad(t *testing.T) {
+	log := "1.0 jobs 200\n1.1 rayclient failed\nConnectionError: ray client connection timeout\n1.2 jobs 403\n1.3 jobs TimeoutError\n" +
+		"1.4 rayclient failed\ngrpc: status = StatusCode.UNAUTHENTICATED\n1.5 rayclient ok\n"
+	auth, other := gatewayFailures(log)
+	if len(auth) != 2 || !strings.Contains(auth[0], "403") || !strings.Contains(auth[1], "UNAUTHENTICATED") {
+		t.Errorf("auth failures %q", auth)
+	}
+	if len(other) != 2 || !strings.Contains(other[0], "connection timeout") || !strings.Contains(other[1], "TimeoutError") {
+		t.Errorf("other failures %q", other)
+	}
 }
