@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -169,7 +170,11 @@ func seed000(t *testing.T, kuberay string) {
 	var wg sync.WaitGroup
 	loop := func(log *framework.CallLog, url string, tok func() string, reuse bool) {
 		defer wg.Done()
-		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: !reuse}}
+		tr := &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: true}
+		if reuse {
+			tr = &http.Transport{DialContext: tunnel(proxy.Host), MaxIdleConnsPerHost: 1} // one connection to the pod, end to end
+		}
+		client := &http.Client{Timeout: 30 * time.Second, Transport: tr}
 		for {
 			select {
 			case <-stop:
@@ -328,4 +333,30 @@ func eventTime(e corev1.Event) time.Time {
 		return e.LastTimestamp.Time
 	}
 	return e.CreationTimestamp.Time
+}
+
+// tunnel dials through the harness's service proxy with CONNECT, so a keep-alive client holds one TCP
+// connection to the pod kube-proxy chose, as a client inside the cluster would.
+func tunnel(proxy string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, proxy)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("CONNECT %s: %s", addr, resp.Status)
+		}
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		if br.Buffered() > 0 {
+			c.Close()
+			return nil, fmt.Errorf("CONNECT %s: data after the proxy's answer", addr)
+		}
+		return c, nil
+	}
 }

@@ -58,7 +58,11 @@ func serveProxy(listen, dns, allow string) error {
 			r.Out.URL = r.In.URL // absolute-URI: where the client asked to go
 			r.Out.Host = r.In.Host
 		},
-		Transport: &http.Transport{DialContext: dial, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second},
+		// A connection per request, as the clients of a plain HTTP proxy expect: a pooled connection to
+		// a Service address stays on the pod kube-proxy chose when it opened, so a "new" call could reach
+		// a pod the Service no longer selects (a deleted cluster's head still answering during its
+		// graceful termination). A client that wants one connection throughout tunnels with CONNECT.
+		Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true},
 		ErrorLog:  log.Default(),
 	}
 	return http.ListenAndServe(listen, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
