@@ -217,9 +217,11 @@ func seed000(t *testing.T, kuberay string) {
 	blueGreen := time.Since(upgradeAt)
 	upgraded := time.Now()
 	startedWith(green, t1, "after the blue-green upgrade")
-	// The rotation starts once KubeRay deleted the first cluster (rayClusterDeletionDelaySeconds after
-	// the switch), so the replacement runs beside one cluster, as the upgrade did: with three Ray
-	// clusters starting and serving on the node's two cores, one Serve answer took ~20 s.
+	// The rotation starts once the first cluster's pods are gone (KubeRay deleted the RayCluster; its
+	// head takes the 30 s grace period to stop), so the replacement runs beside one cluster, as the
+	// upgrade did. A keep-alive connection on that terminating head waits until the kubelet kills it
+	// (its Serve proxy has stopped answering; ~20 s measured), in KubeRay's own upgrade as after a
+	// rotation: the keep-alive client is reported, not asserted.
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		l, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/cluster=" + blue})
 		return err == nil && len(l.Items) == 0, nil
