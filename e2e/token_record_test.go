@@ -57,6 +57,11 @@ func TestDeletedSecretUnderTheCurrentTokenIsPutBack(t *testing.T) {
 					t.Error("no record of the token on the RayCluster") // and the Secret cannot come back below
 				}
 
+				// Delete once the second of the last container start is over: KubeRay's re-created
+				// Secret carries the second of its creation, and a container started in that second
+				// may have read it (CI saw a worker start in the second of the delete: raysync, rightly,
+				// kept the Secret it could not tell from the token its containers run on).
+				env.waitForNextSecond(env.WaitPodsReady(ns, kuberay.ClusterLabel+"="+cluster, 2, 60*time.Second))
 				start := time.Now()
 				deleted := env.deleteSecret(ns, name)
 				sec := env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })

@@ -177,7 +177,7 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 }
 
 // ImageToolName names the cached build of e2e/tools/image; bump it when the tool changes.
-const ImageToolName = "image-6"
+const ImageToolName = "image-7"
 
 // RegistryVersion is distribution's registry (e2e/tools/registry).
 const RegistryVersion = "v3.1.2"

@@ -290,7 +290,8 @@ func binaryLayer(bin, path string, modTime time.Time, opts ...tarball.LayerOptio
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	return tarball.LayerFromReader(bytes.NewReader(buf.Bytes()), opts...)
+	data := buf.Bytes() // in memory: LayerFromReader would leave a copy in $TMPDIR for every build
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, opts...)
 }
 
 func readAuth(path string) (user, password string, err error) {
