@@ -56,9 +56,10 @@ func run(url, tokenFile, expect, shot, chromium string, timeout time.Duration) (
 		return r
 	}
 	defer os.RemoveAll(profile)
-	// The flags this machine needs (no sandbox as root, nothing that calls out), a fresh profile,
-	// and no proxy: the dashboard is on loopback.
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.UserDataDir(profile),
+	// The flags this machine needs (no sandbox as root, nothing that calls out), a fresh profile that
+	// also takes Chromium's temporary files (its singleton socket directory outlived every run in
+	// $TMPDIR), and no proxy: the dashboard is on loopback.
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.UserDataDir(profile), chromedp.Env("TMPDIR="+profile),
 		chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
 		chromedp.NoFirstRun, chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true), chromedp.Flag("no-proxy-server", true), chromedp.WindowSize(1400, 1000))
