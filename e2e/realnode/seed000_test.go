@@ -34,10 +34,11 @@ import (
 // works on the first cluster, after a blue-green upgrade and after a rotation, which raysync carries
 // out by having KubeRay replace the cluster. Every Ray container's environment, as the real kubelet
 // resolved it (read from inside the container), holds the canonical token of its time. A client
-// calling Serve every 250 ms throughout sees no error from the rotation on, and in KubeRay's own
-// upgrade none that the kubelet's probe failures do not explain; one calling the Jobs API with the canonical
-// token is refused only from the rotation until the new cluster serves (the README's window). Both
-// open a connection per call; a keep-alive Serve client is measured beside them (its connection stays
+// calling Serve every 250 ms throughout sees no error from the rotation on; one calling the Jobs API
+// with the canonical token is refused only from the rotation until the new cluster serves (the README's
+// window), and fails for no other reason from the rotation on. In KubeRay's own upgrade, before it, a
+// failure of either is reported when the kubelet's probe failures explain it, and fails the test
+// otherwise. Both open a connection per call; a keep-alive Serve client is measured beside them (its connection stays
 // on the old cluster's head until KubeRay deletes it). Both KubeRay versions: how a RayService moves
 // to a new cluster is the operator's code, and it changed between them.
 func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
@@ -260,28 +261,28 @@ func seed000(t *testing.T, kuberay string) {
 		t.Errorf("the rotated cluster answered the previous token with HTTP %d, want 403", code)
 	}
 
-	// Serve failures: none from the rotation on (raysync's replacement). In KubeRay's own upgrade, before
-	// it, a failure is reported when the kubelet found a pod of the RayService failing a probe around it
-	// (a head starved of CPU on 2 cores answers 503, its Service loses the endpoint: KubeRay's switch,
-	// not raysync's), and fails the test otherwise.
+	// Failures other than for the token: none from the rotation on (raysync's replacement). In KubeRay's
+	// own upgrade, before it, a failure is reported when the kubelet found a pod of the RayService failing
+	// a probe around it (a head starved of CPU on 2 cores answers 503, its Service loses the endpoint:
+	// KubeRay's switch, not raysync's), and fails the test otherwise.
 	evs, err := cp.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=Unhealthy"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var unexplained, explained []string
-	for _, at := range serve.FailedAt {
-		when := fmt.Sprintf("%+.1fs from the upgrade's switch, %+.1fs from the rotation's start", at.Sub(upgraded).Seconds(), at.Sub(rotatedAt).Seconds())
-		if probes := probeFailuresAround(evs.Items, at); at.Before(rotatedAt) && len(probes) > 0 {
-			explained = append(explained, when+" (the kubelet: "+strings.Join(probes, "; ")+")")
-			continue
+	unexplained := func(client string, log *framework.CallLog) []string {
+		var out []string
+		for _, at := range log.FailedAt {
+			when := fmt.Sprintf("%+.1fs from the upgrade's switch, %+.1fs from the rotation's start", at.Sub(upgraded).Seconds(), at.Sub(rotatedAt).Seconds())
+			if probes := probeFailuresAround(evs.Items, at); at.Before(rotatedAt) && len(probes) > 0 {
+				t.Logf("%s: a call failed in KubeRay's upgrade while a Ray pod failed its probes: %s (the kubelet: %s)", client, when, strings.Join(probes, "; "))
+				continue
+			}
+			out = append(out, when)
 		}
-		unexplained = append(unexplained, when)
+		return out
 	}
-	if len(unexplained) != 0 || serve.OK == 0 {
-		t.Errorf("Serve requests throughout: %d failed (%v at %v), %d answered", serve.Fail, serve.Errors, unexplained, serve.OK)
-	}
-	for _, e := range explained {
-		t.Logf("a Serve request failed in KubeRay's upgrade while a Ray pod failed its probes: %s", e)
+	if u := unexplained("Serve", serve); len(u) != 0 || serve.OK == 0 {
+		t.Errorf("Serve requests throughout: %d failed (%v; unexplained at %v), %d answered", serve.Fail, serve.Errors, u, serve.OK)
 	}
 	if len(serve.Bodies) < 2 || serve.Bodies[0] != "hello from blue" || serve.Bodies[len(serve.Bodies)-1] != "hello from green" {
 		t.Errorf("Serve answers in order: %q", serve.Bodies)
@@ -292,8 +293,8 @@ func seed000(t *testing.T, kuberay string) {
 				at.Format(time.RFC3339Nano), rotatedAt.Format(time.RFC3339Nano), switchedAt.Format(time.RFC3339Nano))
 		}
 	}
-	if jobs.Fail != len(jobs.Refused) {
-		t.Errorf("Jobs API: %d calls failed other than for their token: %v", jobs.Fail-len(jobs.Refused), jobs.Errors)
+	if u := unexplained("Jobs API", jobs); len(u) != 0 {
+		t.Errorf("Jobs API: %d calls failed other than for their token (%v; unexplained at %v)", jobs.Fail-len(jobs.Refused), jobs.Errors, u)
 	}
 	var window time.Duration
 	if n := len(jobs.Refused); n > 0 {
