@@ -30,6 +30,12 @@ type testKubelet struct {
 // startTestKubelet runs a kubelet against a fake clientset, with every delay in milliseconds.
 func startTestKubelet(t *testing.T, objs ...runtime.Object) *testKubelet {
 	t.Helper()
+	return startTestKubeletWith(t, func(*Config) {}, objs...)
+}
+
+// startTestKubeletWith starts a test kubelet whose Config set changes.
+func startTestKubeletWith(t *testing.T, set func(*Config), objs ...runtime.Object) *testKubelet {
+	t.Helper()
 	kube := fake.NewClientset(objs...)
 	// The fake has no binding subresource: do what the API server does with a Binding.
 	kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -49,6 +55,7 @@ func startTestKubelet(t *testing.T, objs ...runtime.Object) *testKubelet {
 	cfg := Config{NodeName: "standin", Backoff: 20 * time.Millisecond, GCSRetry: 20 * time.Millisecond, JoinTimeout: 300 * time.Millisecond,
 		ServeDeployDelay: 50 * time.Millisecond, JobPending: 10 * time.Millisecond, JobDuration: 100 * time.Millisecond,
 		PrivateRegistry: "registry.example.internal"}
+	set(&cfg)
 	k, err := NewKubelet(cfg, kube, factory, testFingerprinter(t), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -421,8 +428,10 @@ func TestInitContainersLikeTheKubelet(t *testing.T) {
 
 // The real kubelet restarts a container that failed for the first time at once, and backs off
 // from the second failure: the first CrashLoopBackOff follows the second run (restartCount 1).
+// The back-off is long enough (1 s) for the CrashLoopBackOff status to be written under load: with
+// 20 ms the next run's status could replace it before a write (make test on a cold machine saw none).
 func TestFirstCrashRestartsAtOnce(t *testing.T) {
-	tk := startTestKubelet(t, tokenSecret("c", "tok-head"), tokenSecret("w", "tok-other"))
+	tk := startTestKubeletWith(t, func(c *Config) { c.Backoff = time.Second }, tokenSecret("c", "tok-head"), tokenSecret("w", "tok-other"))
 	tk.create(rayPod("c-head", "head", "c", "c"))
 	tk.waitContainer("c-head", "ray-head", "head running", isRunning)
 	tk.create(rayPod("c-worker", "worker", "c", "w"))
