@@ -38,9 +38,9 @@ import (
 // with the canonical token is refused only from the rotation until the new cluster serves (the README's
 // window), and fails for no other reason from the rotation on. In KubeRay's own upgrade, before it, a
 // failure of either is reported when the kubelet's probe failures explain it, and fails the test
-// otherwise. Both open a connection per call; a keep-alive Serve client is measured beside them (its connection stays
-// on the old cluster's head until KubeRay deletes it). Both KubeRay versions: how a RayService moves
-// to a new cluster is the operator's code, and it changed between them.
+// otherwise. Both open a connection per call; a keep-alive Serve client is measured beside them (its
+// connection stays on the old cluster's head until KubeRay deletes it). Both KubeRay versions: how a
+// RayService moves to a new cluster is the operator's code, and it changed between them.
 func TestRealNodeSeed000CanonicalTokenThroughUpgradeAndRotation(t *testing.T) {
 	for _, v := range []string{"v1.5.1", "v1.6.1"} {
 		t.Run("kuberay-"+v, func(t *testing.T) { seed000(t, v) })
