@@ -49,7 +49,7 @@ func TestImage(t *testing.T) {
 	}
 	f.Close()
 
-	tool, err := framework.EnsureTool(context.Background(), framework.ImageToolName, "e2e/tools/image", ".", func(f string, a ...any) { t.Logf(f, a...) })
+	tool, err := framework.EnsureImageTool(context.Background(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}

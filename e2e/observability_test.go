@@ -24,7 +24,7 @@ func checkPromQL(t *testing.T, where string, exprs []string) {
 	if len(exprs) == 0 {
 		t.Fatalf("%s: no expressions found", where)
 	}
-	tool, err := framework.EnsureTool(context.Background(), "promql", "e2e/tools/promql", ".", func(f string, a ...any) { t.Logf(f, a...) })
+	tool, err := framework.EnsurePromQL(context.Background(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +166,7 @@ func TestMetricsDocSLIsParse(t *testing.T) {
 // that make each rotation alert fire and series that must not.
 func TestAlertRulesFireWhenTheyShould(t *testing.T) {
 	root, _ := framework.RepoRoot()
-	promtool, err := framework.EnsureTool(context.Background(), "promtool", "e2e/tools/promtool", "github.com/prometheus/prometheus/cmd/promtool",
-		func(f string, a ...any) { t.Logf(f, a...) })
+	promtool, err := framework.EnsurePromtool(context.Background(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}

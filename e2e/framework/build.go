@@ -11,9 +11,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Pinned versions. The tools modules under e2e/tools hold their go.sum files.
@@ -91,17 +94,8 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 		ControllerManager: filepath.Join(bin, "kube-controller-manager-"+KubernetesVersion),
 		KubeRay:           filepath.Join(bin, "kuberay-operator-"+kuberayVersion),
 	}
-	for _, s := range controlPlaneSteps(b, root) {
-		if fileExists(s.out) {
-			continue
-		}
-		logf("building %s (first run only; the whole control plane takes ~8 minutes cold)", filepath.Base(s.out))
-		if err := goCmd(ctx, s.dir, nil, s.args...); err != nil {
-			return nil, err
-		}
-		if err := os.Rename(s.out+".tmp", s.out); err != nil {
-			return nil, err
-		}
+	if err := runSteps(ctx, root, controlPlaneSteps(bin), logf); err != nil {
+		return nil, err
 	}
 	if !fileExists(b.KubeRay) {
 		logf("building %s", filepath.Base(b.KubeRay))
@@ -126,36 +120,115 @@ func EnsureBinaries(ctx context.Context, kuberayVersion string, logf func(string
 	return b, nil
 }
 
-// buildStep is one `go build` of a control-plane binary into out.
+// buildStep is the `go build` of package pkg of the module in dir (relative to the repository) into
+// out, with flags (-ldflags, -tags) after -trimpath.
 type buildStep struct {
-	out, dir string
-	args     []string
+	out, dir, pkg string
+	flags         []string
 }
 
-// controlPlaneSteps are the builds of etcd and the two Kubernetes binaries: each stamped the way its
-// release build is (Kubernetes reports its version from -X flags; etcd needs none).
-func controlPlaneSteps(b *Binaries, root string) []buildStep {
-	kube := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
+// kubeLdflags stamp a Kubernetes binary the way its release build does (it reports its version from them).
+func kubeLdflags() string {
+	return fmt.Sprintf("-ldflags=-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
 		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
-	return []buildStep{
-		{b.Etcd, filepath.Join(root, "e2e/tools/etcd"), []string{"build", "-trimpath", "-ldflags=-s -w", "-o", b.Etcd + ".tmp", "go.etcd.io/etcd/server/v3"}},
-		{b.APIServer, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.APIServer + ".tmp", "k8s.io/kubernetes/cmd/kube-apiserver"}},
-		{b.ControllerManager, filepath.Join(root, "e2e/tools/kube"), []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.ControllerManager + ".tmp", "k8s.io/kubernetes/cmd/kube-controller-manager"}},
-	}
 }
 
-// toolArgs is the `go build` of a tool into out, with extra -X flags appended to -s -w.
-func toolArgs(out, pkg, ldflags string) []string {
-	return []string{"build", "-trimpath", "-ldflags=-s -w" + ldflags, "-o", out + ".tmp", pkg}
+// kubeSteps are the builds of the named commands of Kubernetes (e2e/tools/kube) into bin.
+func kubeSteps(bin string, cmds ...string) []buildStep {
+	var steps []buildStep
+	for _, c := range cmds {
+		steps = append(steps, buildStep{filepath.Join(bin, c+"-"+KubernetesVersion), "e2e/tools/kube", "k8s.io/kubernetes/cmd/" + c, []string{kubeLdflags()}})
+	}
+	return steps
+}
+
+// controlPlaneSteps are the builds of etcd (which needs no stamp) and the two Kubernetes binaries.
+func controlPlaneSteps(bin string) []buildStep {
+	return append([]buildStep{{filepath.Join(bin, "etcd-"+EtcdVersion), "e2e/tools/etcd", "go.etcd.io/etcd/server/v3", []string{"-ldflags=-s -w"}}},
+		kubeSteps(bin, "kube-apiserver", "kube-controller-manager")...)
+}
+
+// toolStep is the build of a tool named name into bin, with extra -X flags appended to -s -w.
+func toolStep(bin, name, dir, pkg, ldflags string, flags ...string) buildStep {
+	return buildStep{filepath.Join(bin, name), dir, pkg, append([]string{"-ldflags=-s -w" + ldflags}, flags...)}
+}
+
+// runSteps builds the steps whose output is missing. Consecutive steps of one module with the same
+// flags go to one `go build` (the go command then links one binary while it compiles the next, which
+// keeps both cores busy); each output appears under its name only once complete. The caller holds
+// the cache's build lock.
+func runSteps(ctx context.Context, root string, steps []buildStep, logf func(string, ...any)) error {
+	var todo []buildStep
+	for _, s := range steps {
+		if !fileExists(s.out) {
+			todo = append(todo, s)
+		}
+	}
+	for len(todo) > 0 {
+		n := 1
+		for n < len(todo) && todo[n].dir == todo[0].dir && slices.Equal(todo[n].flags, todo[0].flags) {
+			n++
+		}
+		group := todo[:n]
+		todo = todo[n:]
+		var names, pkgs []string
+		for _, s := range group {
+			names = append(names, filepath.Base(s.out))
+			pkgs = append(pkgs, s.pkg)
+		}
+		logf("building %s (first run only)", strings.Join(names, ", "))
+		t0 := time.Now()
+		if len(group) == 1 {
+			args := append(append([]string{"build", "-trimpath"}, group[0].flags...), "-o", group[0].out+".tmp", group[0].pkg)
+			if err := goCmd(ctx, filepath.Join(root, group[0].dir), nil, args...); err != nil {
+				return err
+			}
+			if err := os.Rename(group[0].out+".tmp", group[0].out); err != nil {
+				return err
+			}
+		} else {
+			tmp, err := os.MkdirTemp(filepath.Dir(group[0].out), "build-")
+			if err != nil {
+				return err
+			}
+			args := append(append(append([]string{"build", "-trimpath"}, group[0].flags...), "-o", tmp+string(filepath.Separator)), pkgs...)
+			err = goCmd(ctx, filepath.Join(root, group[0].dir), nil, args...)
+			for _, s := range group {
+				if err == nil {
+					err = os.Rename(filepath.Join(tmp, commandName(s.pkg)), s.out)
+				}
+			}
+			os.RemoveAll(tmp)
+			if err != nil {
+				return err
+			}
+		}
+		logf("built %s in %s", strings.Join(names, ", "), time.Since(t0).Round(time.Second))
+	}
+	return nil
+}
+
+// commandName is the file name `go build -o dir/` gives package pkg's command: the last element of
+// its path, or the one before a major-version suffix (go.etcd.io/etcd/server/v3 → server), as the go
+// command names it.
+func commandName(pkg string) string {
+	base := path.Base(pkg)
+	// The go command's rule (isVersionElement): v2, v3, … but not v0, v1 or v01.
+	if base != pkg && len(base) >= 2 && base[0] == 'v' && base[1] != '0' && base != "v1" && strings.Trim(base[1:], "0123456789") == "" {
+		return path.Base(path.Dir(pkg))
+	}
+	return base
 }
 
 // EnsureTool builds package pkg of the tools module in dir (relative to the repository) into the
 // cache as name, unless it is there already, and returns its path.
 func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ...any)) (string, error) {
-	return ensureTool(ctx, name, dir, pkg, "", logf)
+	return ensureStep(ctx, func(bin string) buildStep { return toolStep(bin, name, dir, pkg, "") }, logf)
 }
 
-func ensureTool(ctx context.Context, name, dir, pkg, ldflags string, logf func(string, ...any)) (string, error) {
+// ensureStep runs the build step unless its output is there (checked first without the build lock,
+// so a finished tool never waits for another's build) and returns the output's path.
+func ensureStep(ctx context.Context, step func(bin string) buildStep, logf func(string, ...any)) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
@@ -165,6 +238,10 @@ func ensureTool(ctx context.Context, name, dir, pkg, ldflags string, logf func(s
 		return "", err
 	}
 	bin := filepath.Join(cache, "bin")
+	s := step(bin)
+	if fileExists(s.out) {
+		return s.out, nil
+	}
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return "", err
 	}
@@ -173,15 +250,7 @@ func ensureTool(ctx context.Context, name, dir, pkg, ldflags string, logf func(s
 		return "", err
 	}
 	defer unlock()
-	out := filepath.Join(bin, name)
-	if fileExists(out) {
-		return out, nil
-	}
-	logf("building %s (first run only)", name)
-	if err := goCmd(ctx, filepath.Join(root, dir), nil, toolArgs(out, pkg, ldflags)...); err != nil {
-		return "", err
-	}
-	return out, os.Rename(out+".tmp", out)
+	return s.out, runSteps(ctx, root, []buildStep{s}, logf)
 }
 
 // HelmVersion is the helm the tests lint and render the chart with (built from e2e/tools/helm).
@@ -194,7 +263,11 @@ const helmKubeVersion = "1.37"
 
 // EnsureHelm builds helm into the cache if needed and returns its path.
 func EnsureHelm(ctx context.Context, logf func(string, ...any)) (string, error) {
-	return ensureTool(ctx, "helm-"+HelmVersion+"-k"+helmKubeVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", helmLdflags(), logf)
+	return ensureStep(ctx, helmStep, logf)
+}
+
+func helmStep(bin string) buildStep {
+	return toolStep(bin, "helm-"+HelmVersion+"-k"+helmKubeVersion, "e2e/tools/helm", "helm.sh/helm/v3/cmd/helm", helmLdflags())
 }
 
 // helmLdflags are the -X flags helm's release build sets: its version and the Kubernetes version.
@@ -263,7 +336,7 @@ const ESOVersion = "v0.16.2"
 // EnsureESO builds External Secrets Operator into the cache if needed (~7 minutes cold on 2 cores)
 // and returns the binary and the directory of its CRDs.
 func EnsureESO(ctx context.Context, logf func(string, ...any)) (bin, crds string, err error) {
-	bin, err = EnsureTool(ctx, "eso-"+ESOVersion, "e2e/tools/eso", "github.com/external-secrets/external-secrets", logf)
+	bin, err = ensureStep(ctx, esoStep, logf)
 	if err != nil {
 		return "", "", err
 	}
@@ -276,6 +349,40 @@ func EnsureESO(ctx context.Context, logf func(string, ...any)) (bin, crds string
 		return "", "", err
 	}
 	return bin, filepath.Join(dir, "config", "crds", "bases"), nil
+}
+
+func esoStep(bin string) buildStep {
+	return toolStep(bin, "eso-"+ESOVersion, "e2e/tools/eso", "github.com/external-secrets/external-secrets", "")
+}
+
+// ImageToolName names the cached build of e2e/tools/image; bump it when the tool changes.
+const ImageToolName = "image-7"
+
+func imageToolStep(bin string) buildStep {
+	return toolStep(bin, ImageToolName, "e2e/tools/image", ".", "")
+}
+
+// EnsureImageTool builds e2e/tools/image (go-containerregistry: images without a Docker engine).
+func EnsureImageTool(ctx context.Context, logf func(string, ...any)) (string, error) {
+	return ensureStep(ctx, imageToolStep, logf)
+}
+
+// EnsurePromQL builds e2e/tools/promql (Prometheus' PromQL parser in a program).
+func EnsurePromQL(ctx context.Context, logf func(string, ...any)) (string, error) {
+	return ensureStep(ctx, promqlStep, logf)
+}
+
+func promqlStep(bin string) buildStep { return toolStep(bin, "promql", "e2e/tools/promql", ".", "") }
+
+// EnsurePromtool builds Prometheus' promtool (e2e/tools/promtool) for its rule tester. It is built
+// with -tags remove_all_sd, Prometheus' own build option that leaves out the service discoveries
+// (and their cloud SDKs): the rule tester uses none, and they were 60% of its cold build.
+func EnsurePromtool(ctx context.Context, logf func(string, ...any)) (string, error) {
+	return ensureStep(ctx, promtoolStep, logf)
+}
+
+func promtoolStep(bin string) buildStep {
+	return toolStep(bin, "promtool-remove_all_sd", "e2e/tools/promtool", "github.com/prometheus/prometheus/cmd/promtool", "", "-tags=remove_all_sd")
 }
 
 // BuildSyncer builds raysync's cmd/syncer into <cache>/bin/<name> (e2e and bench run the real binary)

@@ -66,7 +66,8 @@ func EnsureRay(ctx context.Context, logf func(string, ...any)) (string, error) {
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return "", err
 	}
-	unlock, err := lockFile(filepath.Join(cache, "build.lock"))
+	// A lock of its own: pip waits on the network, and the Go builds (build.lock) go on meanwhile.
+	unlock, err := lockFile(filepath.Join(cache, "ray.lock"))
 	if err != nil {
 		return "", err
 	}

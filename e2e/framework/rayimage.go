@@ -75,7 +75,7 @@ func EnsureRayImage(ctx context.Context, logf func(string, ...any)) (*RayImageBu
 		b.TarBytes = st.Size()
 		return b, nil
 	}
-	tool, err := EnsureTool(ctx, ImageToolName, "e2e/tools/image", ".", logf)
+	tool, err := EnsureImageTool(ctx, logf)
 	if err != nil {
 		return nil, err
 	}

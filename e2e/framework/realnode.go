@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -91,8 +92,8 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 	if err != nil {
 		return nil, err
 	}
-	if out, err := exec.CommandContext(ctx, filepath.Join(root, "e2e/realnode/supervisor/install-packages.sh")).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("install-packages.sh: %v\n%s", err, out)
+	if err := runPackageScript(ctx, cache, filepath.Join(root, "e2e/realnode/supervisor/install-packages.sh")); err != nil {
+		return nil, err
 	}
 	bin := filepath.Join(cache, "bin")
 	cni := filepath.Join(bin, "cni-plugins-"+CNIPluginsVersion)
@@ -107,47 +108,18 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 		Shim:          filepath.Join(bin, "containerd-shim-runc-v2-"+ContainerdVersion),
 		Ctr:           filepath.Join(bin, "ctr-"+ContainerdVersion),
 		CNIDir:        cni,
-		Registry:      filepath.Join(bin, "registry-"+RegistryVersion),
-		CoreDNS:       filepath.Join(bin, "coredns-"+CoreDNSVersion),
+		Registry:      filepath.Join(bin, registryName),
+		CoreDNS:       filepath.Join(bin, corednsName),
 	}
 	unlock, err := lockFile(filepath.Join(cache, "build.lock"))
 	if err != nil {
 		return nil, err
 	}
-	kube := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
-		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
-	ctrd := "-s -w -X github.com/containerd/containerd/v2/version.Version=" + ContainerdVersion
-	steps := []buildStep{
-		{b.Containerd, "e2e/tools/containerd", []string{"build", "-trimpath", "-ldflags=" + ctrd, "-o", b.Containerd + ".tmp", "github.com/containerd/containerd/v2/cmd/containerd"}},
-		{b.Shim, "e2e/tools/containerd", []string{"build", "-trimpath", "-ldflags=" + ctrd, "-o", b.Shim + ".tmp", "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"}},
-		{b.Ctr, "e2e/tools/containerd", []string{"build", "-trimpath", "-ldflags=" + ctrd, "-o", b.Ctr + ".tmp", "github.com/containerd/containerd/v2/cmd/ctr"}},
-		{b.Kubelet, "e2e/tools/kube", []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.Kubelet + ".tmp", "k8s.io/kubernetes/cmd/kubelet"}},
-		{b.KubeProxy, "e2e/tools/kube", []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.KubeProxy + ".tmp", "k8s.io/kubernetes/cmd/kube-proxy"}},
-		{b.KubeScheduler, "e2e/tools/kube", []string{"build", "-trimpath", "-ldflags=" + kube, "-o", b.KubeScheduler + ".tmp", "k8s.io/kubernetes/cmd/kube-scheduler"}},
-	}
-	steps = append(steps, buildStep{b.CoreDNS, "e2e/tools/coredns", toolArgs(b.CoreDNS, "github.com/coredns/coredns", "")})
-	steps = append(steps, buildStep{b.Registry, "e2e/tools/registry", toolArgs(b.Registry, "github.com/distribution/distribution/v3/cmd/registry", "")})
-	for _, p := range []string{"ipam/host-local", "main/bridge", "main/loopback", "meta/portmap"} {
-		out := filepath.Join(cni, filepath.Base(p))
-		steps = append(steps, buildStep{out, "e2e/tools/cni", toolArgs(out, "github.com/containernetworking/plugins/plugins/"+p, "")})
-	}
-	for _, s := range steps {
-		if fileExists(s.out) {
-			continue
-		}
-		logf("building %s (first run only)", filepath.Base(s.out))
-		t0 := time.Now()
-		if err := goCmd(ctx, filepath.Join(root, s.dir), nil, s.args...); err != nil {
-			unlock()
-			return nil, err
-		}
-		if err := os.Rename(s.out+".tmp", s.out); err != nil {
-			unlock()
-			return nil, err
-		}
-		logf("built %s in %s", filepath.Base(s.out), time.Since(t0).Round(time.Second))
-	}
+	err = runSteps(ctx, root, nodeSteps(bin), logf)
 	unlock()
+	if err != nil {
+		return nil, err
+	}
 	// The supervisor and the pause binary are this repository's code: rebuilt every time (seconds).
 	if b.Supervisor, err = buildRepoBinary(ctx, root, bin, "realnode-supervisor", "./e2e/realnode/supervisor"); err != nil {
 		return nil, err
@@ -156,13 +128,13 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 	if err != nil {
 		return nil, err
 	}
-	imageTool, err := EnsureTool(ctx, ImageToolName, "e2e/tools/image", ".", logf)
+	imageTool, err := EnsureImageTool(ctx, logf)
 	if err != nil {
 		return nil, err
 	}
 	b.ImageTool = imageTool
 	b.PauseTar, b.TinyTar = filepath.Join(bin, "realnode-pause.tar"), filepath.Join(bin, "realnode-tiny.tar")
-	b.CoreDNSTar = filepath.Join(bin, "coredns-"+CoreDNSVersion+".tar")
+	b.CoreDNSTar = filepath.Join(bin, corednsName+".tar")
 	if !fileExists(b.CoreDNSTar) {
 		if out, err := exec.CommandContext(ctx, imageTool, "single", "-binary", b.CoreDNS, "-entrypoint", "/coredns", "-ref", CoreDNSImage, "-out", b.CoreDNSTar).CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("image %s: %v\n%s", CoreDNSImage, err, out)
@@ -176,8 +148,28 @@ func EnsureNodeBinaries(ctx context.Context, logf func(string, ...any)) (*NodeBi
 	return b, nil
 }
 
-// ImageToolName names the cached build of e2e/tools/image; bump it when the tool changes.
-const ImageToolName = "image-7"
+// The cached builds of CoreDNS and the registry: each with the plugins and drivers the node uses
+// (e2e/tools/coredns, e2e/tools/registry).
+const (
+	corednsName  = "coredns-" + CoreDNSVersion + "-node"
+	registryName = "registry-" + RegistryVersion + "-node"
+)
+
+// nodeSteps are the builds of the node's programs: containerd, the kubelet, kube-proxy and
+// kube-scheduler, CoreDNS, the registry and the CNI plugins.
+func nodeSteps(bin string) []buildStep {
+	ctrd := []string{"-ldflags=-s -w -X github.com/containerd/containerd/v2/version.Version=" + ContainerdVersion}
+	var steps []buildStep
+	for _, c := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		steps = append(steps, buildStep{filepath.Join(bin, c+"-"+ContainerdVersion), "e2e/tools/containerd", "github.com/containerd/containerd/v2/cmd/" + c, ctrd})
+	}
+	steps = append(steps, kubeSteps(bin, "kubelet", "kube-proxy", "kube-scheduler")...)
+	steps = append(steps, toolStep(bin, corednsName, "e2e/tools/coredns", ".", ""), toolStep(bin, registryName, "e2e/tools/registry", ".", ""))
+	for _, p := range []string{"ipam/host-local", "main/bridge", "main/loopback", "meta/portmap"} {
+		steps = append(steps, toolStep(bin, filepath.Join("cni-plugins-"+CNIPluginsVersion, path.Base(p)), "e2e/tools/cni", "github.com/containernetworking/plugins/plugins/"+p, ""))
+	}
+	return steps
+}
 
 // RegistryVersion is distribution's registry (e2e/tools/registry).
 const RegistryVersion = "v3.1.2"
@@ -847,9 +839,7 @@ func (c *ControlPlane) WriteNodeInfo(ctx context.Context, path string, logf func
 
 // Kubectl builds kubectl v1.37.2 (e2e/tools/kube) into the cache unless it is there.
 func Kubectl(ctx context.Context, logf func(string, ...any)) (string, error) {
-	kube := fmt.Sprintf(" -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
-		KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
-	return ensureTool(ctx, "kubectl-"+KubernetesVersion, "e2e/tools/kube", "k8s.io/kubernetes/cmd/kubectl", kube, logf)
+	return ensureStep(ctx, func(bin string) buildStep { return kubeSteps(bin, "kubectl")[0] }, logf)
 }
 
 // PushRaysyncImage builds raysync's image as the Dockerfile's final stage describes it — the static
@@ -861,7 +851,7 @@ func (c *ControlPlane) PushRaysyncImage(ctx context.Context, tag string, logf fu
 	if err != nil {
 		return "", err
 	}
-	tool, err := EnsureTool(ctx, ImageToolName, "e2e/tools/image", ".", logf)
+	tool, err := EnsureImageTool(ctx, logf)
 	if err != nil {
 		return "", err
 	}

@@ -2,8 +2,6 @@ package framework
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -276,13 +274,17 @@ func EnsureRayClient(ctx context.Context, logf func(string, ...any)) (string, er
 	if err != nil {
 		return "", err
 	}
-	h := sha256.New()
-	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
-		b, err := os.ReadFile(filepath.Join(root, "e2e/tools/rayclient", f))
-		if err != nil {
-			return "", err
-		}
-		h.Write(b)
+	step, err := rayclientStep(root)
+	if err != nil {
+		return "", err
 	}
-	return EnsureTool(ctx, "rayclient-"+hex.EncodeToString(h.Sum(nil))[:12], "e2e/tools/rayclient", ".", logf)
+	return ensureStep(ctx, step, logf)
+}
+
+func rayclientStep(root string) (func(bin string) buildStep, error) {
+	name, err := sourceName(root, "rayclient", "e2e/tools/rayclient")
+	if err != nil {
+		return nil, err
+	}
+	return func(bin string) buildStep { return toolStep(bin, name, "e2e/tools/rayclient", ".", "") }, nil
 }

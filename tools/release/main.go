@@ -176,7 +176,7 @@ func (o *options) release(ctx context.Context, root string, stdout, stderr io.Wr
 // pushImage pushes the OCI index of the linux binaries (-binary OS/ARCH=FILE pairs) with the image
 // tool and returns its digest reference.
 func (o *options) pushImage(ctx context.Context, image string, bins []string, commit string, created time.Time, logf func(string, ...any)) (string, error) {
-	tool, err := framework.EnsureTool(ctx, framework.ImageToolName, "e2e/tools/image", ".", logf)
+	tool, err := framework.EnsureImageTool(ctx, logf)
 	if err != nil {
 		return "", err
 	}

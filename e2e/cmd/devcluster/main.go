@@ -6,6 +6,7 @@
 //	go run ./e2e/cmd/devcluster down [-dir .dev]
 //	go run ./e2e/cmd/devcluster image|chart [-dir .dev] [-version V]   # push to a real node's registry
 //	go run ./e2e/cmd/devcluster ray-image                              # build the Ray image into the cache
+//	go run ./e2e/cmd/devcluster build [-first]                         # build what make test's e2e uses into the cache
 package main
 
 import (
@@ -22,9 +23,16 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down" && os.Args[1] != "image" && os.Args[1] != "chart" && os.Args[1] != "ray-image") {
-		fmt.Fprintln(os.Stderr, "usage: devcluster up|down|image|chart|ray-image [-kuberay VERSION] [-dir DIR] [-node standin|real] [-version V]")
+	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down" && os.Args[1] != "image" && os.Args[1] != "chart" && os.Args[1] != "ray-image" && os.Args[1] != "build") {
+		fmt.Fprintln(os.Stderr, "usage: devcluster up|down|image|chart|ray-image|build [-first] [-kuberay VERSION] [-dir DIR] [-node standin|real] [-version V]")
 		os.Exit(2)
+	}
+	if os.Args[1] == "build" {
+		first := len(os.Args) > 2 && os.Args[2] == "-first"
+		if err := framework.Prebuild(context.Background(), first, func(f string, a ...any) { fmt.Printf(f+"\n", a...) }); err != nil {
+			fail(err)
+		}
+		return
 	}
 	if os.Args[1] == "ray-image" {
 		b, err := framework.EnsureRayImage(context.Background(), func(f string, a ...any) { fmt.Printf(f+"\n", a...) })
