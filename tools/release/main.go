@@ -28,9 +28,6 @@ import (
 	"github.com/raysync/raysync/e2e/framework"
 )
 
-// platforms are the binaries a release ships; the image holds the linux ones.
-var platforms = []string{"linux/amd64", "linux/arm64", "darwin/amd64", "darwin/arm64"}
-
 // source is where a release's code lives (the images' org.opencontainers.image.source).
 const source = "https://github.com/raysync/raysync"
 
@@ -138,7 +135,7 @@ func (o *options) release(ctx context.Context, root string, stdout, stderr io.Wr
 		}
 	}
 	var imageBins []string
-	for _, p := range platforms {
+	for _, p := range framework.ReleasePlatforms {
 		goos, goarch, _ := strings.Cut(p, "/")
 		bin := filepath.Join(dist, "syncer-"+goos+"-"+goarch)
 		t0 := time.Now()
