@@ -225,7 +225,9 @@ func (tk *testKubelet) get(caller Caller, url, token string) int {
 }
 
 func TestWorkerWithAnotherTokenRestartsWithBackoff(t *testing.T) {
-	tk := startTestKubelet(t, tokenSecret("c", "tok-head"), tokenSecret("w", "tok-other"))
+	// A back-off base well above a failing run's length, so the gaps below measure the back-off and
+	// not the machine's load (with 20 ms, a first run slowed by a busy machine outlasted run + 20 ms).
+	tk := startTestKubeletWith(t, func(c *Config) { c.Backoff = 200 * time.Millisecond }, tokenSecret("c", "tok-head"), tokenSecret("w", "tok-other"))
 	tk.create(rayPod("c-head", "head", "c", "c"))
 	tk.waitContainer("c-head", "ray-head", "head running", isRunning)
 	tk.create(rayPod("c-worker", "worker", "c", "w"))
@@ -239,14 +241,15 @@ func TestWorkerWithAnotherTokenRestartsWithBackoff(t *testing.T) {
 		cs[0].LastTerminationState.Terminated.Reason != exitGCSUnauthorized {
 		t.Errorf("worker status: %+v", cs)
 	}
-	// Back-off doubles: the gap between the 2nd and 3rd start exceeds the one between the 1st and 2nd.
+	// The first restart is immediate, then the back-off doubles: each gap between starts exceeds the
+	// one before it (run + 0, run + 200 ms, run + 400 ms).
 	var starts []time.Time
 	for _, s := range tk.stats.startsIn(testNS) {
 		if s.Pod == "c-worker" {
 			starts = append(starts, s.StartedAt)
 		}
 	}
-	if len(starts) < 3 || starts[2].Sub(starts[1]) <= starts[1].Sub(starts[0]) {
+	if len(starts) < 4 || starts[2].Sub(starts[1]) <= starts[1].Sub(starts[0]) || starts[3].Sub(starts[2]) <= starts[2].Sub(starts[1]) {
 		t.Errorf("restarts not backing off: %v", starts)
 	}
 
