@@ -2,8 +2,6 @@ package framework
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -31,34 +29,11 @@ func EnsureBrowser(ctx context.Context, logf func(string, ...any)) (string, erro
 			return "", err
 		}
 	}
-	step, err := browserStep(root)
+	step, err := sourceStep(root, "e2e/tools/browser")
 	if err != nil {
 		return "", err
 	}
 	return ensureStep(ctx, step, logf)
-}
-
-// browserStep is the build of e2e/tools/browser, named by a hash of its sources (an edit rebuilds it).
-func browserStep(root string) (func(bin string) buildStep, error) {
-	name, err := sourceName(root, "browser", "e2e/tools/browser")
-	if err != nil {
-		return nil, err
-	}
-	return func(bin string) buildStep { return toolStep(bin, name, "e2e/tools/browser", ".", "") }, nil
-}
-
-// sourceName is prefix-<hash of dir's main.go, go.mod and go.sum>: the cached name of a tool whose
-// sources are this repository's.
-func sourceName(root, prefix, dir string) (string, error) {
-	h := sha256.New()
-	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
-		b, err := os.ReadFile(filepath.Join(root, dir, f))
-		if err != nil {
-			return "", err
-		}
-		h.Write(b)
-	}
-	return prefix + "-" + hex.EncodeToString(h.Sum(nil))[:12], nil
 }
 
 // runPackageScript runs one of the scripts that apt-get install Debian packages, one at a time per

@@ -6,6 +6,8 @@ package framework
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -220,10 +222,19 @@ func commandName(pkg string) string {
 	return base
 }
 
-// EnsureTool builds package pkg of the tools module in dir (relative to the repository) into the
-// cache as name, unless it is there already, and returns its path.
-func EnsureTool(ctx context.Context, name, dir, pkg string, logf func(string, ...any)) (string, error) {
-	return ensureStep(ctx, func(bin string) buildStep { return toolStep(bin, name, dir, pkg, "") }, logf)
+// sourceStep is the build of the program in dir, a tools module whose main.go is this repository's,
+// cached as <base of dir>-<hash of its main.go, go.mod and go.sum>: an edit rebuilds it.
+func sourceStep(root, dir string) (func(bin string) buildStep, error) {
+	h := sha256.New()
+	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
+		b, err := os.ReadFile(filepath.Join(root, dir, f))
+		if err != nil {
+			return nil, err
+		}
+		h.Write(b)
+	}
+	name := path.Base(dir) + "-" + hex.EncodeToString(h.Sum(nil))[:12]
+	return func(bin string) buildStep { return toolStep(bin, name, dir, ".", "") }, nil
 }
 
 // ensureStep runs the build step unless its output is there (checked first without the build lock,

@@ -15,11 +15,11 @@ func TestBuildFlagsAreWellFormed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	browser, err := browserStep(root)
+	browser, err := sourceStep(root, "e2e/tools/browser")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rayclient, err := rayclientStep(root)
+	rayclient, err := sourceStep(root, "e2e/tools/rayclient")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,11 +79,11 @@ func Prebuild(ctx context.Context, first bool, logf func(string, ...any)) error 
 // need (they are the longest package), then the rest. The build lock is taken per module, so a
 // caller that finds its output built never waits for the next one.
 func prebuildGo(ctx context.Context, root, bin string, first bool, imageToolDone func(), logf func(string, ...any)) error {
-	browser, err := browserStep(root)
+	browser, err := sourceStep(root, "e2e/tools/browser")
 	if err != nil {
 		return err
 	}
-	rayclient, err := rayclientStep(root)
+	rayclient, err := sourceStep(root, "e2e/tools/rayclient")
 	if err != nil {
 		return err
 	}

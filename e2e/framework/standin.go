@@ -274,17 +274,9 @@ func EnsureRayClient(ctx context.Context, logf func(string, ...any)) (string, er
 	if err != nil {
 		return "", err
 	}
-	step, err := rayclientStep(root)
+	step, err := sourceStep(root, "e2e/tools/rayclient")
 	if err != nil {
 		return "", err
 	}
 	return ensureStep(ctx, step, logf)
-}
-
-func rayclientStep(root string) (func(bin string) buildStep, error) {
-	name, err := sourceName(root, "rayclient", "e2e/tools/rayclient")
-	if err != nil {
-		return nil, err
-	}
-	return func(bin string) buildStep { return toolStep(bin, name, "e2e/tools/rayclient", ".", "") }, nil
 }
