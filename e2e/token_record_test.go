@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/e2e/framework"
+	"github.com/raysync/raysync/e2e/standin"
 	"github.com/raysync/raysync/internal/kuberay"
 )
 
@@ -62,10 +63,11 @@ func TestDeletedSecretUnderTheCurrentTokenIsPutBack(t *testing.T) {
 				// may have read it (CI saw a worker start in the second of the delete: raysync, rightly,
 				// kept the Secret it could not tell from the token its containers run on).
 				env.waitForNextSecond(env.WaitPodsReady(ns, kuberay.ClusterLabel+"="+cluster, 2, 60*time.Second))
-				start := time.Now()
-				deleted := env.deleteSecret(ns, name)
-				sec := env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
-				t.Logf("MEASURE secret-restored kuberay=%s mode=%s delete_to_canonical_ms=%d", env.KubeRayVersion, mode, time.Since(start).Milliseconds())
+				sec, took, refused := env.deleteUnderOperator(ray, ns, cluster, token, 0)
+				t.Logf("MEASURE secret-restored kuberay=%s mode=%s delete_to_canonical_ms=%d", env.KubeRayVersion, mode, took.Milliseconds())
+				if webhook && refused != 0 {
+					t.Errorf("the operator's calls were refused %d times: with the webhook, KubeRay's random token never reaches its Secret", refused)
+				}
 				env.WaitEvent(ns, cluster, "TokenRestored", 10*time.Second)
 				if webhook {
 					// KubeRay's create never went through (raysync's controller or its webhook created the
@@ -85,20 +87,58 @@ func TestDeletedSecretUnderTheCurrentTokenIsPutBack(t *testing.T) {
 					if !env.waitRecord(ns, cluster, "1") {
 						t.Fatal("the record was not written again after KubeRay re-wrote the cluster's annotations")
 					}
-					deleted = env.deleteSecret(ns, name)
-					env.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
+					_, _, refused = env.deleteUnderOperator(ray, ns, cluster, token, refused)
 					env.assertNewWorkerJoins(ns, cluster)
 				}
 				env.assertServesFrom(ns, "serve", cluster)
 				env.AssertStartedWith(ns, token, cluster)
 				if st, err := ray.Stats(env.ctx, ns, cluster); err != nil {
 					t.Fatal(err)
-				} else if op := st.Requests["operator"]; op.Rejected() != 0 || st.JoinFailures != 0 {
-					t.Errorf("cluster %s: operator requests %+v, %d GCS join failures", cluster, op, st.JoinFailures)
+				} else if op := st.Requests["operator"]; op.Rejected() != refused || st.JoinFailures != 0 {
+					t.Errorf("cluster %s: operator requests %+v (%d refused while a Secret was re-created), %d GCS join failures", cluster, op, refused, st.JoinFailures)
 				}
 			})
 		}
 	})
+}
+
+// deleteUnderOperator deletes a cluster's token Secret, waits until it holds token again, and then
+// until the KubeRay operator's calls to the head are accepted again. In controller mode KubeRay
+// re-creates the Secret with a random token and raysync writes the token into it right after; the
+// operator, which reads the Secret from its cache on every reconcile, may call the head with the
+// random token in that window (CI saw 2 refusals). It returns the Secret, the time from the delete to
+// the restored Secret, and the operator's calls the head refused since the cluster started; refusals
+// beyond refusedSoFar before the delete fail the test.
+func (e *Env) deleteUnderOperator(ray *framework.RayStandIn, ns, cluster, token string, refusedSoFar int) (*corev1.Secret, time.Duration, int) {
+	e.t.Helper()
+	operator := func() standin.RequestCounts {
+		st, err := ray.Stats(e.ctx, ns, cluster)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return st.Requests[standin.CallerOperator]
+	}
+	before := operator()
+	if before.Rejected() != refusedSoFar {
+		e.t.Errorf("cluster %s: the operator's calls were refused before the Secret was deleted: %+v", cluster, before)
+	}
+	name := kuberay.CheckName(cluster)
+	start := time.Now()
+	deleted := e.deleteSecret(ns, name)
+	sec := e.WaitSecret(ns, name, 30*time.Second, func(s *corev1.Secret) bool { return s.UID != deleted && holds(token)(s) })
+	took := time.Since(start)
+	// Two calls accepted after the restore: the operator's cache holds the token again (one could
+	// have been sent before the delete and answered after the restore).
+	restored := operator()
+	var now standin.RequestCounts
+	err := wait.PollUntilContextTimeout(e.ctx, 200*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		now = operator()
+		return now.Accepted >= restored.Accepted+2, nil
+	})
+	if err != nil {
+		e.t.Fatalf("cluster %s: the operator's calls were not accepted again after the Secret was restored: %+v", cluster, now)
+	}
+	return sec, took, now.Rejected()
 }
 
 // waitRecord waits until the RayCluster records rotation (a bare number: the record never carries a
