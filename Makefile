@@ -22,10 +22,11 @@ release: ## VERSION=x.y.z REGISTRY=host[:port][/path]: syncer for linux and darw
 
 test: ## everything: vet, the docs site, unit tests, each fuzz target for 3s, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
 	$(GO) run ./e2e/cmd/devcluster build -first  # what the e2e packages build on first use, before they start (docs/contributing/harness.md)
-	nice -n 19 $(GO) run ./e2e/cmd/devcluster build & rest=$$!; trap 'kill $$rest 2>/dev/null' INT TERM; \
-	$(GO) vet ./... && $(MAKE) --no-print-directory docs && $(MAKE) --no-print-directory fuzz FUZZTIME=3s && \
+	nice -n 19 $(GO) run ./e2e/cmd/devcluster build & rest=$$!; \
+	nice -n 19 $(MAKE) --no-print-directory fuzz FUZZTIME=3s & fuzz=$$!; trap 'kill $$rest $$fuzz 2>/dev/null' INT TERM; \
+	$(GO) vet ./... && $(MAKE) --no-print-directory docs && \
 	$(GO) test -count=1 -timeout 80m ./e2e/realnode/... ./e2e/... ./...; rc=$$?; \
-	wait $$rest || rc=1; exit $$rc  # the two longest packages first, side by side; the tools later tests use build beside them
+	wait $$fuzz || rc=1; wait $$rest || rc=1; exit $$rc  # the two longest packages first, side by side; the fuzz targets and the tools later tests use beside them, on the core the tests leave
 
 fuzz: ## run every fuzz target for FUZZTIME (default 60s) each
 	@set -e; for pkg in $(FUZZ_PACKAGES); do \
