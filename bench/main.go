@@ -325,8 +325,9 @@ func main() {
 			eventRatios = append(eventRatios, x.RaysyncLastMs/x.MinimalEventsLastMs)
 			fmt.Fprintf(os.Stderr, "bench: fan-out N=%d round %d: raysync %.0f ms (busy %.0f ms after its last target), minimal client %.0f ms (%.2fx), with Events %.0f ms (%.2fx); %d TokenRotated Events so far\n",
 				n, round+1, x.RaysyncLastMs, x.TrailingMs, x.MinimalLastMs, ratios[round], x.MinimalEventsLastMs, eventRatios[round], events)
-			// The next process (start, cache sync, one rotation) writes a CPU profile: where raysync's time goes.
-			b.profile = filepath.Join(os.TempDir(), fmt.Sprintf("raysync-fanout-%d-round%d.pprof", n, round+2))
+			// The next process (start, cache sync, one rotation) writes a CPU profile beside the results:
+			// where raysync's time goes.
+			b.profile = filepath.Join(filepath.Dir(*out), fmt.Sprintf("raysync-fanout-%d-round%d.pprof", n, round+2))
 			s = b.startSyncer("--namespaces=" + b.ns)
 			b.profile = ""
 		}
