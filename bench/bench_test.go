@@ -30,6 +30,11 @@ func TestSmoke(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
+	// The fan-out's later rounds write raysync's CPU profiles beside the results (make bench:
+	// bench/results/, git-ignored), never into $TMPDIR, where every make test left them.
+	if p, _ := filepath.Glob(filepath.Join(filepath.Dir(out), "raysync-fanout-*.pprof")); len(p) == 0 {
+		t.Errorf("no CPU profile beside %s", out)
+	}
 	if len(r.Rotation) != 1 || r.Rotation[0].Writes != r.Rotation[0].N || r.Rotation[0].LastMs <= 0 {
 		t.Errorf("rotation: %+v (want exactly one write per target)", r.Rotation)
 	} else if r.Rotation[0].RotationEvents != r.Rotation[0].N {
