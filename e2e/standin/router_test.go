@@ -26,8 +26,14 @@ func headWithServices(t *testing.T) (*testKubelet, string) {
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "c-serve-svc", Namespace: testNS}, Spec: corev1.ServiceSpec{Selector: sel,
 			Ports: []corev1.ServicePort{{Name: "serve", Port: 8000}}}})
 	tk.waitContainer("c-head", "ray-head", "head running", isRunning)
-	eventually(t, 5*time.Second, "services in the cache", func() bool {
+	// Running is not routable: the router's own Service and pod caches must hold them and the head
+	// be ready (a loaded machine, make test, showed the gap: 502 "no ready endpoint").
+	eventually(t, 5*time.Second, "the head behind c-head-svc", func() bool {
 		_, err := tk.router.services.Services(testNS).Get("c-serve-svc")
+		if err != nil {
+			return false
+		}
+		_, err = tk.router.resolve("c-head-svc.ns.svc.cluster.local:8265", "", nil)
 		return err == nil
 	})
 	return tk, tk.pod(testNS, "c-head").report().IP
