@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/names"
 )
 
 // The fleet rotation of issue 13: 20 RayServices (replace), 10 standalone RayClusters (hold), 2
@@ -276,6 +277,22 @@ func (f *fleet) describeService(svc, want string) string {
 		state, _, _ := unstructured.NestedString(rc.Object, "status", "state")
 		out += fmt.Sprintf(" cluster %s (created %s, state %q, deleting %v): %d starts on the new token, %d on another;",
 			rc.GetName(), rc.GetCreationTimestamp().Format(time.RFC3339), state, rc.GetDeletionTimestamp() != nil, on, other)
+		// Which container started when, on which token, against when raysync wrote the Secret: a
+		// container on another token beside ones on the new token is a split cluster.
+		for _, s := range starts {
+			if s.Cluster == rc.GetName() && s.TokenFingerprint != "" {
+				out += fmt.Sprintf("\n  %s/%s (pod uid %s) started %s on the %s token", s.Pod, s.Container, s.PodUID,
+					s.StartedAt.UTC().Format(time.RFC3339Nano), map[bool]string{true: "new", false: "other"}[s.TokenFingerprint == want])
+			}
+		}
+		if sec, err := f.env.Kube.CoreV1().Secrets(f.ns).Get(f.env.ctx, rc.GetName(), metav1.GetOptions{}); err == nil {
+			out += fmt.Sprintf("\n  Secret %s created %s, annotations %v", sec.Name, sec.CreationTimestamp.UTC().Format(time.RFC3339), withoutDigest(sec.Annotations))
+		}
+		if pods, err := f.env.Kube.CoreV1().Pods(f.ns).List(f.env.ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + rc.GetName()}); err == nil {
+			for _, p := range pods.Items {
+				out += fmt.Sprintf("\n  pod %s (uid %s) created %s", p.Name, p.UID, p.CreationTimestamp.UTC().Format(time.RFC3339))
+			}
+		}
 	}
 	return out
 }
@@ -325,4 +342,15 @@ func (f *fleet) waitJobDone(name string) string {
 		f.env.t.Fatalf("RayJob %s: status %q (%v)", name, status, err)
 	}
 	return cluster
+}
+
+// withoutDigest drops the token digest from a Secret's annotations (never printed).
+func withoutDigest(a map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range a {
+		if k != names.TokenSHA256Annotation {
+			out[k] = v
+		}
+	}
+	return out
 }

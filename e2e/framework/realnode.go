@@ -242,6 +242,9 @@ func (c *ControlPlane) startRealNode(ctx context.Context, o Options, apiPort int
 			return fmt.Errorf("cgroup root: %w", err)
 		}
 	}
+	if err := weighNodeCPU(); err != nil {
+		return err
+	}
 
 	// Binaries under the names containerd looks for.
 	for name, path := range map[string]string{"containerd-shim-runc-v2": nb.Shim} {
@@ -638,6 +641,40 @@ conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeou
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 `, kubeconfig, NodeName, podsRoute)
+}
+
+// NodeCPUShares is the CPU weight of the node's cgroup root, under which the kubelet puts every pod:
+// eight processes' worth (a process at nice 0 weighs 1024). A node has CPUs of its own; this one
+// shares 2 cores with the rest of make test (the e2e package's control planes beside it), and at the
+// default weight, one process's, its pods got a few percent of them: Ray's head then failed to
+// register its raylet within the 30 s that Ray 2.60 hard-codes (node.py) and exited, again and again.
+// It is a weight, not a limit: an idle node takes nothing from the host.
+const NodeCPUShares = 8192
+
+// weighNodeCPU gives the node's cgroup root its CPU weight (cgroup v1's cpu.shares; cgroup2's
+// cpu.weight, 100 per 1024 shares, where the cpu controller is on cgroup2).
+func weighNodeCPU() error {
+	for file, v := range map[string]int{
+		filepath.Join("/sys/fs/cgroup/cpu", cgroupRoot, "cpu.shares"):     NodeCPUShares,
+		filepath.Join("/sys/fs/cgroup/unified", cgroupRoot, "cpu.weight"): NodeCPUShares * 100 / 1024,
+	} {
+		if _, err := os.Stat(file); err != nil {
+			continue
+		}
+		if err := os.WriteFile(file, []byte(strconv.Itoa(v)), 0o644); err != nil {
+			return fmt.Errorf("the node's CPU weight: %w", err)
+		}
+	}
+	return nil
+}
+
+// NodeCPUWeight reads the cpu.shares of the node's cgroup root (cgroup v1).
+func NodeCPUWeight() (int, error) {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", cgroupRoot, "cpu.shares"))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // cgroupDirs are the kubelet's cgroup root under every mounted cgroup hierarchy.

@@ -93,6 +93,10 @@ func TestRealNodeRunsAPod(t *testing.T) {
 	if running.Spec.NodeName != framework.NodeName {
 		t.Errorf("pod on node %q, want %s", running.Spec.NodeName, framework.NodeName)
 	}
+	// The kubelet leaves the weight of its cgroup root alone (it sets kubepods' below it).
+	if w, err := framework.NodeCPUWeight(); err != nil || w != framework.NodeCPUShares {
+		t.Errorf("the node's cgroup cpu.shares: %d, %v; want %d", w, err, framework.NodeCPUShares)
+	}
 	var logs string
 	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		b, err := cp.Kube.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
