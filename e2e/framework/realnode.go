@@ -651,26 +651,21 @@ healthzBindAddress: 127.0.0.1:10256
 // It is a weight, not a limit: an idle node takes nothing from the host.
 const NodeCPUShares = 8192
 
-// weighNodeCPU gives the node's cgroup root its CPU weight (cgroup v1's cpu.shares; cgroup2's
-// cpu.weight, 100 per 1024 shares, where the cpu controller is on cgroup2).
+// nodeCPUSharesFile is cgroup v1's cpu.shares of the node's cgroup root (the cpu controller is on v1
+// here, so cgroup2 has none to weigh).
+var nodeCPUSharesFile = filepath.Join("/sys/fs/cgroup/cpu", cgroupRoot, "cpu.shares")
+
+// weighNodeCPU gives the node's cgroup root its CPU weight.
 func weighNodeCPU() error {
-	for file, v := range map[string]int{
-		filepath.Join("/sys/fs/cgroup/cpu", cgroupRoot, "cpu.shares"):     NodeCPUShares,
-		filepath.Join("/sys/fs/cgroup/unified", cgroupRoot, "cpu.weight"): NodeCPUShares * 100 / 1024,
-	} {
-		if _, err := os.Stat(file); err != nil {
-			continue
-		}
-		if err := os.WriteFile(file, []byte(strconv.Itoa(v)), 0o644); err != nil {
-			return fmt.Errorf("the node's CPU weight: %w", err)
-		}
+	if err := os.WriteFile(nodeCPUSharesFile, []byte(strconv.Itoa(NodeCPUShares)), 0o644); err != nil {
+		return fmt.Errorf("the node's CPU weight: %w", err)
 	}
 	return nil
 }
 
-// NodeCPUWeight reads the cpu.shares of the node's cgroup root (cgroup v1).
+// NodeCPUWeight reads the cpu.shares of the node's cgroup root.
 func NodeCPUWeight() (int, error) {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", cgroupRoot, "cpu.shares"))
+	b, err := os.ReadFile(nodeCPUSharesFile)
 	if err != nil {
 		return 0, err
 	}
