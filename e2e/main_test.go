@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,6 +85,11 @@ func run(m *testing.M) int {
 		}
 		wg.Wait()
 		defer stopAll()
+		// In the order of versions, whichever started first: tests that take one control plane
+		// (newestKubeRay) run on the same KubeRay version every time.
+		slices.SortFunc(controlPlanes, func(a, b *framework.ControlPlane) int {
+			return slices.Index(versions, a.KubeRayVersion) - slices.Index(versions, b.KubeRayVersion)
+		})
 		if startErr != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", startErr)
 			return 1
@@ -116,6 +122,15 @@ func stopAll() {
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "e2e: "+format+"\n", args...)
+}
+
+// newestKubeRay is the control plane of the newest KubeRay version the run has (nil: none), for the
+// tests whose outcome the operator's code does not decide.
+func newestKubeRay() *framework.ControlPlane {
+	if len(controlPlanes) == 0 {
+		return nil
+	}
+	return controlPlanes[len(controlPlanes)-1]
 }
 
 // eachKubeRay runs f once per control plane (KubeRay version), the versions in parallel.

@@ -108,7 +108,7 @@ func TestRealRayThroughTheGateway(t *testing.T) {
 	if len(controlPlanes) == 0 {
 		t.Skip("no control plane")
 	}
-	env := newEnv(t, controlPlanes[len(controlPlanes)-1])
+	env := newEnv(t, newestKubeRay())
 	env.longer(15 * time.Minute)
 	ns, srcNS := env.RealRayNamespace(), env.Namespace()
 	t1 := env.NewToken()

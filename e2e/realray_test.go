@@ -494,7 +494,7 @@ func TestEmulationMatchesRealRay(t *testing.T) {
 	if len(controlPlanes) == 0 {
 		t.Skip("no control plane")
 	}
-	cp := controlPlanes[len(controlPlanes)-1] // v1.6.1 when both run: a user RAY_AUTH_TOKEN wins there
+	cp := newestKubeRay() // v1.6.1 when both run: a user RAY_AUTH_TOKEN wins there
 	env := newEnv(t, cp)
 	env.longer(15 * time.Minute)
 	realNS := env.RealRayNamespace()

@@ -145,7 +145,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		}),
 		Admission: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_admission_requests_total",
-			Help: "Admission requests the webhook answered (always allowed, never with a token), by resource and result: mutated (a pod), created (raysync created the cluster's auth Secret itself), unchanged, skipped, invalid.",
+			Help: "Admission requests the webhook answered (always allowed, never with a token), by resource and result: mutated (a pod), created (raysync created the cluster's auth Secret itself), unchanged, skipped, invalid (unreadable, or over the webhook's limits), busy (no room in its memory budget: answered 503).",
 		}, []string{"resource", "result"}),
 		AdmissionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "raysync_admission_duration_seconds",

@@ -21,10 +21,11 @@ const (
 	// SyncedAtAnnotation: when raysync wrote the token it holds (RFC 3339); on a Secret raysync created
 	// holding it, the second before its creation (no container can have read it earlier).
 	SyncedAtAnnotation = "raysync.dev/synced-at"
-	// WrittenUnderPodsAnnotation ("true") on a token target raysync wrote while pods that read it
-	// existed, none of them started: a kubelet may have read the earlier value just before the write
-	// (its status still showing the last back-off), so raysync recycles those pods whose containers
-	// started around the write.
+	// WrittenUnderPodsAnnotation (RFC 3339, the write's time) on a token target raysync wrote over a
+	// token while a kubelet could read it (every write over a token but a restart's, with the cluster
+	// suspended and no pod left): a kubelet may have read the earlier value just before the write, or
+	// from a cache that had not seen it yet, so raysync recycles the cluster's pods whose containers
+	// started around the write. raysync 0.2 wrote "true" (the time was then its synced-at).
 	WrittenUnderPodsAnnotation = "raysync.dev/written-under-pods"
 )
 
@@ -223,8 +224,9 @@ const (
 	AdmitCreated   = "created"   // raysync created the cluster's auth Secret itself, with the canonical token (KubeRay's create then fails with AlreadyExists)
 	AdmitUnchanged = "unchanged" // it already carries them, the Secret exists already, or raysync has nothing to add
 	AdmitSkipped   = "skipped"   // not raysync's to change now (the reason says why)
-	AdmitInvalid   = "invalid"   // the object in the request could not be read
+	AdmitInvalid   = "invalid"   // the request or its object could not be read, or is over the webhook's limits
+	AdmitBusy      = "busy"      // answered 503: the reviews in hand held the webhook's memory budget for longer than it waits
 )
 
 // AdmitResults lists every admission outcome.
-var AdmitResults = []string{AdmitMutated, AdmitCreated, AdmitUnchanged, AdmitSkipped, AdmitInvalid}
+var AdmitResults = []string{AdmitMutated, AdmitCreated, AdmitUnchanged, AdmitSkipped, AdmitInvalid, AdmitBusy}

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
@@ -69,39 +70,56 @@ func (c *Controller) Admitter() *Admitter {
 	return &Admitter{gather: c.gather, now: c.now, Wait: 500 * time.Millisecond, kube: c.apply.kube, recorder: c.recorder}
 }
 
-// cluster finds the in-scope RayCluster name in ns, waiting up to a.Wait for the caches to show it.
-func (a *Admitter) cluster(ctx context.Context, ns, name string) (*unstructured.Unstructured, string) {
+// cluster finds the in-scope RayCluster name in ns whose UID is uid, waiting up to a.Wait for the
+// caches to show it: KubeRay creates a cluster's Secret and pods moments after the cluster itself. A
+// request naming a cluster the caches hold under another UID waits as long as one naming no cluster,
+// so that an unauthenticated caller learns nothing from the answer's timing about which names exist.
+func (a *Admitter) cluster(ctx context.Context, ns, name string, uid types.UID) (*unstructured.Unstructured, string) {
 	if name == "" {
 		return nil, "no ray.io/cluster label"
 	}
 	deadline := time.Now().Add(a.Wait)
 	for {
-		if rc, ok := a.gather.caches.RayCluster(ns, name); ok {
+		if rc, ok := a.gather.caches.RayCluster(ns, name); ok && rc.GetUID() == uid {
 			if !a.gather.cfg.InScope(rc) {
 				return nil, "RayCluster not in scope"
 			}
 			return rc, ""
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, "RayCluster not in raysync's cache"
+			return nil, "not controlled by a RayCluster in raysync's cache"
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
+// objectHead is what a decision reads of an object before anything else: its metadata, typed. The
+// rest (a pod's spec) is decoded only for a pod of an in-scope cluster.
+type objectHead struct {
+	Metadata metav1.ObjectMeta `json:"metadata"`
+}
+
 // Pod decides the patch for a Ray pod being created in ns (raw is the pod's JSON).
 func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtemplate.PatchOp, result, reason string) {
-	var pod map[string]any
-	if err := json.Unmarshal(raw, &pod); err != nil {
-		return nil, names.AdmitInvalid, "pod is not a JSON object"
+	var head objectHead
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, names.AdmitInvalid, "pod is not a JSON object with readable metadata"
 	}
-	meta := &unstructured.Unstructured{Object: pod} // reads metadata in place; wrong types read as absent
-	rc, why := a.cluster(ctx, ns, meta.GetLabels()[kuberay.ClusterLabel])
+	owner := metav1.GetControllerOfNoCopy(&head.Metadata)
+	if owner == nil || owner.Kind != kuberay.RayClusterGVK.Kind {
+		return nil, names.AdmitSkipped, "pod not controlled by a RayCluster"
+	}
+	name := head.Metadata.Labels[kuberay.ClusterLabel]
+	if owner.Name != name {
+		return nil, names.AdmitSkipped, "pod not controlled by its RayCluster"
+	}
+	rc, why := a.cluster(ctx, ns, name, owner.UID)
 	if rc == nil {
 		return nil, names.AdmitSkipped, why
 	}
-	if owner := metav1.GetControllerOf(meta); owner == nil || owner.UID != rc.GetUID() {
-		return nil, names.AdmitSkipped, "pod not controlled by its RayCluster"
+	var pod map[string]any
+	if err := json.Unmarshal(raw, &pod); err != nil {
+		return nil, names.AdmitInvalid, "pod is not a JSON object"
 	}
 	now := a.now()
 	in := a.gather.cluster(rc, a.sources(now), now)
@@ -139,12 +157,12 @@ func (a *Admitter) Secret(ctx context.Context, ns string, raw []byte, dryRun boo
 		// too: creating it again would call the webhook again, without end.
 		return names.AdmitUnchanged, "raysync's own Secret"
 	}
-	rc, why := a.cluster(ctx, ns, owner.Name)
+	rc, why := a.cluster(ctx, ns, owner.Name, owner.UID)
 	if rc == nil {
 		return names.AdmitSkipped, why
 	}
 	t, ok, err := TokenTargetFor(rc, a.gather.cfg.Source)
-	if err != nil || !ok || t.Mode != Generated || t.Name != s.Name || rc.GetUID() != owner.UID {
+	if err != nil || !ok || t.Mode != Generated || t.Name != s.Name {
 		return names.AdmitSkipped, "not the cluster's generated auth Secret"
 	}
 	now := a.now()

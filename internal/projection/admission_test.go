@@ -95,11 +95,11 @@ func TestAdmitPod(t *testing.T) {
 			want:     []podtemplate.PatchOp{pull}, result: names.AdmitMutated,
 		},
 		"cluster raysync does not know: unchanged, and why": {
-			pod: podJSON(t, "gone", head), result: names.AdmitSkipped, wantReason: "RayCluster not in raysync's cache",
+			pod: podJSON(t, "gone", head), result: names.AdmitSkipped, wantReason: "not controlled by a RayCluster in raysync's cache",
 		},
 		"cluster outside the selector's scope: left alone": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1", func(u *unstructured.Unstructured) { u.SetNamespace("elsewhere") })},
-			pod:      podJSON(t, "c1", head), result: names.AdmitSkipped, wantReason: "RayCluster not in raysync's cache",
+			pod:      podJSON(t, "c1", head), result: names.AdmitSkipped, wantReason: "not controlled by a RayCluster in raysync's cache",
 		},
 		"malformed pod: allowed unchanged": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
@@ -108,9 +108,14 @@ func TestAdmitPod(t *testing.T) {
 		},
 		"a pod another controller owns: left alone": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
-			pod:      []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"}},"spec":{"containers":[]}}`), result: names.AdmitSkipped, wantReason: "pod not controlled by its RayCluster",
+			pod:      []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"}},"spec":{"containers":[]}}`), result: names.AdmitSkipped, wantReason: "pod not controlled by a RayCluster",
 		},
-		"not JSON: allowed unchanged": {pod: []byte(`[`), result: names.AdmitInvalid, wantReason: "pod is not a JSON object"},
+		"a pod controlled by another RayCluster than its label names: left alone": {
+			clusters: []*unstructured.Unstructured{rayCluster("c1")},
+			pod: []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"kind":"RayCluster","name":"c2","uid":"uid-c1","controller":true}]},"spec":{"containers":[]}}`),
+			result: names.AdmitSkipped, wantReason: "pod not controlled by its RayCluster",
+		},
+		"not JSON: allowed unchanged": {pod: []byte(`[`), result: names.AdmitInvalid, wantReason: "pod is not a JSON object with readable metadata"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -155,10 +155,7 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 		}
 		return &takenError{live: live}
 	case UpdateSecret:
-		if err := a.write(ctx, "update", act.Secret, log, func() error {
-			_, err := a.kube.CoreV1().Secrets(act.Secret.Namespace).Update(ctx, act.Secret, metav1.UpdateOptions{FieldManager: names.FieldManager})
-			return err
-		}); err != nil {
+		if err := a.update(ctx, act, log); err != nil {
 			return err
 		}
 		a.wrote(key, rc, act.Secret, act.Propagates)
@@ -203,6 +200,37 @@ func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Uns
 	default:
 		// A planner produced an action nobody taught the applier: doing nothing would look like success.
 		return fmt.Errorf("unhandled action %T", act)
+	}
+	return nil
+}
+
+// update writes a Secret. A write marked as raced (MarksRace) carries the time it is sent, and, when
+// the API server acknowledged it more than writeAckSlack later, the acknowledgement's time in a second
+// write: the raced window (recycleRacedPods) is anchored at when kubelets could first see the token.
+func (a *applier) update(ctx context.Context, act UpdateSecret, log *zap.Logger) error {
+	s := act.Secret
+	if act.MarksRace {
+		s = s.DeepCopy()
+		s.Annotations[names.WrittenUnderPodsAnnotation] = a.now().UTC().Format(time.RFC3339Nano)
+	}
+	sent := a.now()
+	var out *corev1.Secret
+	err := a.write(ctx, "update", s, log, func() (err error) {
+		out, err = a.kube.CoreV1().Secrets(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: names.FieldManager})
+		return err
+	})
+	if err != nil || !act.MarksRace || a.dryRun || out == nil {
+		return err
+	}
+	if acked := a.now(); acked.Sub(sent) > writeAckSlack {
+		out = out.DeepCopy()
+		out.Annotations[names.WrittenUnderPodsAnnotation] = acked.UTC().Format(time.RFC3339Nano)
+		log.Info("the API server acknowledged the token write late: its raced-reader mark now carries the acknowledgement's time",
+			zap.Duration("after", acked.Sub(sent)))
+		return a.write(ctx, "update", out, log, func() error {
+			_, err := a.kube.CoreV1().Secrets(out.Namespace).Update(ctx, out, metav1.UpdateOptions{FieldManager: names.FieldManager})
+			return err
+		})
 	}
 	return nil
 }

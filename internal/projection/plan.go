@@ -29,6 +29,10 @@ type CreateSecret struct {
 type UpdateSecret struct {
 	Secret     *corev1.Secret
 	Propagates bool
+	// MarksRace: the write is over a token kubelets may have read (names.WrittenUnderPodsAnnotation):
+	// the applier stamps the mark with the time it sends the write, and again with the acknowledgement's
+	// time when that came more than writeAckSlack later.
+	MarksRace bool
 }
 
 // ReplaceSecret deletes Old (preconditions: its UID and resourceVersion) and creates New: a Secret's

@@ -119,14 +119,14 @@ func TestPlanToken(t *testing.T) {
 		"generated, KubeRay's random token: updated": {
 			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, opts: []func(*ClusterInput){target(kuberays)}, wantState: names.StateOutOfSync,
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{UpdateSecret{Secret: withToken(kuberays, []byte(token), tokenSrc, planNow), Propagates: true},
+				return []Action{UpdateSecret{Secret: markedAt(withToken(kuberays, []byte(token), tokenSrc, planNow), planNow), Propagates: true, MarksRace: true},
 					normal(rc, names.ReasonTokenProjected, projected)}
 			},
 		},
 		"generated, raysync's older token: a rotation": {
 			rc: rayCluster("c1"), sources: []*corev1.Secret{sourceSecret(token)}, opts: []func(*ClusterInput){target(ours)}, wantState: names.StateOutOfSync,
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{UpdateSecret{Secret: withToken(ours, []byte(token), tokenSrc, planNow), Propagates: true},
+				return []Action{UpdateSecret{Secret: markedAt(withToken(ours, []byte(token), tokenSrc, planNow), planNow), Propagates: true, MarksRace: true},
 					normal(rc, names.ReasonTokenRotated, "auth Secret updated to the rotated canonical token from raysync-system/ray-token")}
 			},
 		},

@@ -297,7 +297,11 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase, cfg Config) bool {
 		p.recycleRacedPods(f)
 	case tokenRestore:
 		if !f.onCurrent {
-			p.Actions = append(p.Actions, UpdateSecret{Secret: withToken(cur, token, cfg.Source, f.recordedAt)})
+			// Over KubeRay's re-created Secret: a pod may have read its random token meanwhile, so the
+			// restore carries the raced-reader mark as any write over a token does.
+			desired := withToken(cur, token, cfg.Source, f.recordedAt)
+			markRace(desired, cur, in.Now)
+			p.Actions = append(p.Actions, UpdateSecret{Secret: desired, MarksRace: true})
 			p.event(in, corev1.EventTypeWarning, names.ReasonTokenRestored, restoredFromRecordMessage(t, in, cfg.Source))
 			break
 		}
@@ -312,10 +316,8 @@ func (p *ClusterPlan) actOnToken(f *tokenFacts, c tokenCase, cfg Config) bool {
 			reason, message = names.ReasonTokenRotated, "auth Secret updated to the rotated canonical token from "+cfg.Source.String()
 		}
 		desired := withToken(cur, token, cfg.Source, in.Now)
-		if len(cur.Data[kuberay.AuthTokenKey]) > 0 && slices.ContainsFunc(f.readers, onANode) {
-			desired.Annotations[names.WrittenUnderPodsAnnotation] = "true" // see recycleRacedPods
-		}
-		p.Actions = append(p.Actions, UpdateSecret{Secret: desired, Propagates: true})
+		marks := !provablyUnread(f) && markRace(desired, cur, in.Now)
+		p.Actions = append(p.Actions, UpdateSecret{Secret: desired, Propagates: true, MarksRace: marks})
 		p.event(in, corev1.EventTypeNormal, reason, message)
 	}
 	p.recordStanding(in, cfg, t, runsOnCurrent(f, c))
@@ -375,52 +377,98 @@ func mayHaveBeenRead(s *corev1.Secret, readers []*corev1.Pod, now, watchingSince
 	return slices.ContainsFunc(readers, func(p *corev1.Pod) bool { return podMayHaveRead(p, young) })
 }
 
-// createLatency bounds how long a kubelet that read a container's env takes to start it; meanwhile its
-// status may still show the last attempt's waiting reason (ImagePullBackOff, CreateContainerConfigError:
-// 21 ms on the real node, docs/contributing/standin.md). The margin leaves room for a loaded node.
-const createLatency = time.Second
+// A write over a token races the kubelets that read it: a container may have read the earlier value
+// until every kubelet sees the write, and start a little later. raysync marks such a write with its
+// time (names.WrittenUnderPodsAnnotation) and recycles the cluster's pods with a container that
+// started in the window where it may hold the earlier value (recycleRacedPods). The window's margins:
+const (
+	// writeAckSlack: the mark's time is when raysync sent the write; the applier stamps it again with
+	// the acknowledgement when that came later than this (markRace's UpdateSecret.MarksRace).
+	writeAckSlack = 500 * time.Millisecond
+	// kubeletWatchLag: how long after the acknowledgement a kubelet's Secret cache (a watch) may still
+	// hand out the earlier value (kubernetes#129645; 0 of 16 stale starts measured on the real node,
+	// docs/contributing/real-node.md).
+	kubeletWatchLag = time.Second
+	// createLatency bounds how long a kubelet that read a container's env takes to start it; meanwhile its
+	// status may still show the last attempt's waiting reason (ImagePullBackOff, CreateContainerConfigError:
+	// 21 ms on the real node, docs/contributing/standin.md). The margin leaves room for a loaded node.
+	createLatency = time.Second
+	// clockSkew: how far a node's clock may run ahead of raysync's (the container start times are the
+	// node's). NTP keeps nodes within milliseconds; docs/concepts/token-projection.md says this bound.
+	clockSkew = 500 * time.Millisecond
+	// raceWindow is how long after a marked write a container may start holding the earlier value.
+	raceWindow = writeAckSlack + kubeletWatchLag + createLatency + clockSkew
+)
 
-// recycleRacedPods deletes the cluster's pods that may hold the token its target held before raysync
-// wrote the current one. raysync writes into a Secret holding a token only while no reader shows a
-// started container (mayHaveBeenRead), but a kubelet may have read the earlier value just before the
-// write, its status still saying the container waits. Such a pod existed at the write (created no
-// later than its second) and has a container that started before the second after the write plus
-// createLatency (start times have whole seconds); KubeRay recreates it, and the new pod reads the
-// current token. Only a Secret raysync wrote under reader pods carries WrittenUnderPodsAnnotation: a
-// restart's write, with every pod gone, or a write over a missing token, cannot have raced.
+// provablyUnread: no kubelet can read the target now, from the objects alone: the cluster is suspended
+// (KubeRay creates no pod) and no pod of any cluster reading the target is left, as in a restart. Any
+// other write over a token is marked: a cache that lags the API server (raysync just restarted, or is
+// busy) may show a pod unbound that a kubelet already runs.
+func provablyUnread(f *tokenFacts) bool { return suspended(f.in.Cluster) && len(f.readers) == 0 }
+
+// markRace marks desired, the write over cur, as raced by kubelets that may have read cur's token (at
+// now: the applier stamps the time the write is sent). A Secret that held no token is not marked:
+// there was nothing to read. It reports whether it marked.
+func markRace(desired, cur *corev1.Secret, now time.Time) bool {
+	if len(cur.Data[kuberay.AuthTokenKey]) == 0 {
+		return false
+	}
+	desired.Annotations[names.WrittenUnderPodsAnnotation] = now.UTC().Format(time.RFC3339Nano)
+	return true
+}
+
+// raced is the window of container start times (whole seconds, the node's clock) in which a container
+// may hold the token s held before raysync's marked write: from the second s was created (nothing read
+// it earlier) to raceWindow after the write. ok is false when s carries no mark. A mark of raysync 0.2
+// ("true") took its time from the synced-at annotation.
+func raced(s *corev1.Secret) (from, until time.Time, ok bool) {
+	v := s.Annotations[names.WrittenUnderPodsAnnotation]
+	if v == "" {
+		return from, until, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		if at = syncedAt(s); at.IsZero() {
+			return from, until, false
+		}
+	}
+	return s.CreationTimestamp.Truncate(time.Second), at.Add(raceWindow), true
+}
+
+// startedIn reports whether a container started (whole seconds) in [from, until).
+func startedIn(cs corev1.ContainerStatus, from, until time.Time) bool {
+	s := containerStartedAt(cs)
+	return !s.IsZero() && !s.Before(from) && s.Before(until)
+}
+
+// recycleRacedPods deletes the cluster's pods that may hold the token its target held before raysync's
+// marked write of the current one: a pod with a container (init containers included) that started in
+// the raced window. Its start times are durable, so every replica and every restart decides alike,
+// whenever the caches show them; KubeRay recreates the pod, and the new one reads the current token.
 func (p *ClusterPlan) recycleRacedPods(f *tokenFacts) {
 	cur := f.cur
-	if cur.Annotations[names.WrittenUnderPodsAnnotation] != "true" || cur.Annotations[names.TokenSHA256Annotation] != f.src.digest {
+	from, until, ok := raced(cur)
+	if !ok || cur.Annotations[names.TokenSHA256Annotation] != f.src.digest {
 		return
 	}
-	written, err := time.Parse(time.RFC3339Nano, cur.Annotations[names.SyncedAtAnnotation])
-	if err != nil {
-		return
-	}
-	second := written.Truncate(time.Second)
-	until := second.Add(time.Second + createLatency)
-	early := func(cs corev1.ContainerStatus) bool {
-		s := containerStartedAt(cs)
-		return !s.IsZero() && s.Before(until)
-	}
+	early := func(cs corev1.ContainerStatus) bool { return startedIn(cs, from, until) }
 	for _, pod := range f.in.Pods {
-		if pod.DeletionTimestamp != nil || pod.CreationTimestamp.After(second) || !controlledBy(pod, f.in.Cluster.GetUID()) ||
+		if pod.DeletionTimestamp != nil || !controlledBy(pod, f.in.Cluster.GetUID()) ||
 			!slices.ContainsFunc(pod.Status.InitContainerStatuses, early) && !slices.ContainsFunc(pod.Status.ContainerStatuses, early) {
 			continue
 		}
 		p.Actions = append(p.Actions, DeletePod{Pod: pod, Missing: []string{names.RecycledAuthToken}})
 		p.event(f.in, corev1.EventTypeNormal, names.ReasonPodRecycled, fmt.Sprintf(
-			"deleted pod %s: a container started within %s of raysync's write of the canonical token into Secret %s (%s) and may hold the "+
-				"token the Secret held before; KubeRay recreates it on the canonical token", pod.Name, time.Second+createLatency, f.t.Name, written.UTC().Format(time.RFC3339)))
+			"deleted pod %s: a container started before %s, within %s of raysync's write of the canonical token into Secret %s, and may hold the "+
+				"token the Secret held before; KubeRay recreates it on the canonical token", pod.Name, until.UTC().Format(time.RFC3339), raceWindow, f.t.Name))
 	}
 }
-
-func onANode(p *corev1.Pod) bool { return p.Spec.NodeName != "" }
 
 // startedOnCurrent reports, from durable state alone (so every replica and every restart plans the
 // same), whether the containers that have started among readers can only hold the current canonical
 // token: the target carries raysync's mark of having written that token (at its synced-at time), and
-// every started container started after that write. Nothing else tells which token a running
+// every started container started after that write (and outside the window of a raced write,
+// recycleRacedPods). Nothing else tells which token a running
 // container holds: a Secret KubeRay wrote while raysync was down carries no mark, and a deleted one
 // leaves nothing, so raysync writes no token under such containers (the cluster is behind, or its
 // target missing, and its policy moves it as a whole). A foreign write between raysync's and a
@@ -434,9 +482,10 @@ func startedOnCurrent(readers []*corev1.Pod, target *corev1.Secret, digest strin
 		return false
 	}
 	after := written.Truncate(time.Second).Add(time.Second) // container start times are in whole seconds
+	from, until, marked := raced(target)
 	late := func(cs corev1.ContainerStatus) bool {
 		s := containerStartedAt(cs)
-		return s.IsZero() || !s.Before(after)
+		return s.IsZero() || !s.Before(after) && !(marked && startedIn(cs, from, until))
 	}
 	return !slices.ContainsFunc(readers, func(p *corev1.Pod) bool {
 		return podStarted(p) && (!allOf(p.Status.InitContainerStatuses, late) || !allOf(p.Status.ContainerStatuses, late))

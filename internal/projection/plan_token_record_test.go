@@ -73,7 +73,7 @@ func TestTokenRecordOnTheRayCluster(t *testing.T) {
 			rc:   rayCluster("c1", recorded(7, written)),
 			opts: []func(*ClusterInput){target(recreated(written.Add(2 * time.Hour))), pods(head(written.Add(time.Hour)))},
 			want: func(rc *unstructured.Unstructured) []Action {
-				return []Action{UpdateSecret{Secret: withToken(recreated(written.Add(2*time.Hour)), []byte(token), tokenSrc, written)},
+				return []Action{UpdateSecret{Secret: markedAt(withToken(recreated(written.Add(2*time.Hour)), []byte(token), tokenSrc, written), planNow), MarksRace: true},
 					RecordEvent{Object: rc, Type: corev1.EventTypeWarning, Reason: names.ReasonTokenRestored, Message: restored}}
 			},
 			wantState: names.StateOutOfSync,
@@ -216,5 +216,57 @@ func TestTokenRecordAfterTheTemplatePatch(t *testing.T) {
 	want := []string{"projection.PatchCluster", "projection.RecordEvent", "projection.RecordToken"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("actions %v, want %v", got, want)
+	}
+}
+
+// A restore from the record writes over KubeRay's re-created Secret, whose random token a pod bound
+// meanwhile may have read (its container not started yet, so the record's check cannot see it). The
+// restore is marked as any write over a token, and the pods whose containers then start in the raced
+// window are recycled; containers that started before KubeRay re-created the Secret read raysync's and
+// are kept. Before, the restore went unmarked and such a pod counted as current for ever.
+func TestRestoreOverKubeRaysTokenRecyclesItsRacedReaders(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Ledger: tokenSrc}.withDefaults()
+	cfg.Ledger.Name = "raysync-rotations"
+	written := rotated.FirstSeen.Add(10 * time.Minute)
+	recreatedAt := planNow.Add(-30 * time.Second)
+	kuberays := secret(ns, "c1", map[string]string{"auth_token": oldToken + "-random"}, ownedBy("c1"), func(s *corev1.Secret) { s.CreationTimestamp = metav1.NewTime(recreatedAt) })
+	head := startedPod("c1-head", "c1", written.Add(time.Hour), headPod)
+	bound := rayPod("c1-worker", "c1", onNode, func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(recreatedAt.Add(-time.Minute)) })
+	in := input(cfg, rayCluster("c1", recorded(7, written)), []*corev1.Secret{sourceSecret(token)}, withLedger, target(kuberays), pods(head, bound))
+	first := planCluster(in, cfg)
+	if len(first.Actions) == 0 {
+		t.Fatal("nothing restored")
+	}
+	restore, ok := first.Actions[0].(UpdateSecret)
+	if !ok || !restore.MarksRace || restore.Secret.Annotations[names.WrittenUnderPodsAnnotation] != planNow.Format(time.RFC3339Nano) {
+		t.Fatalf("the restore over KubeRay's token is not marked as raced: %+v", first.Actions[0])
+	}
+	for name, tc := range map[string]struct {
+		started time.Time
+		recycle bool
+	}{
+		"the bound worker started in the window": {started: planNow.Add(2 * time.Second), recycle: true},
+		"the bound worker started after it":      {started: planNow.Add(raceWindow + time.Second)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			worker := startedPod("c1-worker", "c1", tc.started)
+			worker.CreationTimestamp = bound.CreationTimestamp
+			later := planNow.Add(raceWindow + 5*time.Second)
+			in := input(cfg, rayCluster("c1", recorded(7, written)), []*corev1.Secret{sourceSecret(token)}, withLedger,
+				target(restore.Secret), pods(head, worker), func(in *ClusterInput) { in.Now = later })
+			var deleted []string
+			for _, a := range planCluster(in, cfg).Actions {
+				if d, ok := a.(DeletePod); ok {
+					deleted = append(deleted, d.Pod.Name)
+				}
+			}
+			want := []string(nil)
+			if tc.recycle {
+				want = []string{"c1-worker"} // the head started before KubeRay re-created the Secret: kept
+			}
+			if fmt.Sprint(deleted) != fmt.Sprint(want) {
+				t.Errorf("recycled %v, want %v", deleted, want)
+			}
+		})
 	}
 }

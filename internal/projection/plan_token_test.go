@@ -106,44 +106,64 @@ func TestClassifyTokenTarget(t *testing.T) {
 	})
 }
 
-// A kubelet can read a container's env just before raysync writes the Secret while the pod's status
-// still shows the last attempt's waiting reason (the real kubelet's status keeps ImagePullBackOff or
-// CreateContainerConfigError until the container runs): raysync marks a write made under such pods,
-// and recycles those whose containers started around it, so no cluster keeps a container on the
-// token the Secret held before.
-func TestWriteUnderWaitingPodsRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
+// markedAt is s with raysync's raced-reader mark of a write at t.
+func markedAt(s *corev1.Secret, t time.Time) *corev1.Secret {
+	s = s.DeepCopy()
+	s.Annotations[names.WrittenUnderPodsAnnotation] = t.UTC().Format(time.RFC3339Nano)
+	return s
+}
+
+// A kubelet can read a container's env just before raysync writes the Secret, or from a cache that has
+// not seen the write yet, while raysync's own caches show the pod unbound or not at all (they lag the
+// API server: raysync just restarted, or is busy; the pod's status may also keep the last attempt's
+// waiting reason). So every write over a token is marked with its time, whatever the caches show, but
+// a restart's (the cluster suspended, no pod left, so no kubelet can read it); and the pods whose
+// containers started in the raced window are recycled, decided from their durable start times
+// whenever the caches show them, so no cluster keeps a container on the token the Secret held before.
+func TestWriteOverATokenRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
 	cfg := Config{Source: tokenSrc}
 	seen := watchingSince(planNow.Add(-time.Hour))
 	waiting := func(p *corev1.Pod) { onNode(p); pulling(p) }
-	t.Run("the write under a waiting pod is marked", func(t *testing.T) {
+	suspendedCluster := func(u *unstructured.Unstructured) { _ = unstructured.SetNestedField(u.Object, true, "spec", "suspend") }
+	t.Run("every write over a token is marked, but a restart's", func(t *testing.T) {
 		for name, tc := range map[string]struct {
+			rc     *unstructured.Unstructured
 			secret *corev1.Secret
 			pods   []*corev1.Pod
 			marked bool
 		}{
-			"a pod on a node pulls its image":            {secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1", waiting)}, marked: true},
-			"no pod (a restart's write)":                 {secret: kuberaysOld()},
-			"a pod no node has yet":                      {secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1")}},
-			"the Secret held no token (nothing to read)": {secret: secret(ns, "c1", nil, ownedBy("c1")), pods: []*corev1.Pod{rayPod("c1-head", "c1", waiting)}},
+			"a pod on a node pulls its image":                    {secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1", waiting)}, marked: true},
+			"the cache shows the pod unbound (it lags the node)": {secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1")}, marked: true},
+			"the cache shows no pod yet (just restarted)":        {secret: kuberaysOld(), marked: true},
+			"a restart: suspended, no pod left":                  {rc: rayCluster("c1", suspendedCluster), secret: kuberaysOld()},
+			"suspended, but the cache still shows a pod":         {rc: rayCluster("c1", suspendedCluster), secret: kuberaysOld(), pods: []*corev1.Pod{rayPod("c1-head", "c1")}, marked: true},
+			"the Secret held no token (nothing to read)":         {secret: secret(ns, "c1", nil, ownedBy("c1")), pods: []*corev1.Pod{rayPod("c1-head", "c1", waiting)}},
 		} {
 			t.Run(name, func(t *testing.T) {
-				in := input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(tc.secret), pods(tc.pods...), seen)
+				rc := tc.rc
+				if rc == nil {
+					rc = rayCluster("c1")
+				}
+				in := input(cfg, rc, []*corev1.Secret{sourceSecret(token)}, target(tc.secret), pods(tc.pods...), seen)
 				want := withToken(tc.secret, []byte(token), tokenSrc, planNow)
 				if tc.marked {
-					want.Annotations[names.WrittenUnderPodsAnnotation] = "true"
+					want = markedAt(want, planNow)
 				}
 				got := planCluster(in, cfg.withDefaults())
-				checkPlan(t, got, []Action{UpdateSecret{Secret: want, Propagates: true},
+				checkPlan(t, got, []Action{UpdateSecret{Secret: want, Propagates: true, MarksRace: tc.marked},
 					normal(in.Cluster, names.ReasonTokenProjected, "auth Secret now holds the canonical token from raysync-system/ray-token")})
 			})
 		}
 	})
 
-	written := planNow.Add(-10*time.Second + 700*time.Millisecond) // at .7 of its second
+	// The issue's case: a write sent at .95 of its second; the kubelet sees it 100 ms later and takes
+	// 1 s to create the container, which starts 2 s after the write's second. The window used to end
+	// there (the write's second + 1 s + createLatency).
+	written := planNow.Add(-10*time.Second + 950*time.Millisecond)
 	second := written.Truncate(time.Second)
+	until := written.Add(raceWindow)
 	writtenUnder := func(opts ...func(*corev1.Secret)) *corev1.Secret {
-		s := withToken(kuberaysOld(), []byte(token), tokenSrc, written)
-		s.Annotations[names.WrittenUnderPodsAnnotation] = "true"
+		s := markedAt(withToken(kuberaysAt(second.Add(-5*time.Second)), []byte(token), tokenSrc, written), written)
 		for _, o := range opts {
 			o(s)
 		}
@@ -154,31 +174,38 @@ func TestWriteUnderWaitingPodsRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
 		return func(p *corev1.Pod) {
 			p.Status.Phase = corev1.PodRunning
 			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "ray-worker",
-				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(at)}}}}
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(at.Truncate(time.Second))}}}}
 		}
 	}
 	recycled := func(rc *unstructured.Unstructured, p *corev1.Pod) []Action {
 		return []Action{DeletePod{Pod: p, Missing: []string{names.RecycledAuthToken}}, normal(rc, names.ReasonPodRecycled, fmt.Sprintf(
-			"deleted pod %s: a container started within 2s of raysync's write of the canonical token into Secret c1 (%s) and may hold the token "+
-				"the Secret held before; KubeRay recreates it on the canonical token", p.Name, written.UTC().Format(time.RFC3339)))}
+			"deleted pod %s: a container started before %s, within 3s of raysync's write of the canonical token into Secret c1, and may hold the token "+
+				"the Secret held before; KubeRay recreates it on the canonical token", p.Name, until.UTC().Format(time.RFC3339)))}
 	}
 	tests := map[string]struct {
 		secret  *corev1.Secret
 		pod     *corev1.Pod
 		recycle bool
 	}{
-		"started in the write's second":     {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second)), recycle: true},
-		"started in the second after":       {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(time.Second))), recycle: true},
-		"started two seconds after: kept":   {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(2*time.Second)))},
-		"started before the write (unseen)": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(-time.Second))), recycle: true},
+		"started in the write's second":        {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second)), recycle: true},
+		"seen 100 ms late, created in 1 s":     {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(written.Add(1100*time.Millisecond))), recycle: true},
+		"the node's clock 0.5 s ahead as well": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(written.Add(1600*time.Millisecond))), recycle: true},
+		"started after the window: kept":       {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(until.Add(time.Second)))},
+		"started before the write (unseen by the cache)": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(-time.Second))),
+			recycle: true},
+		"started before the Secret existed: kept (it read an earlier one)": {secret: writtenUnder(func(s *corev1.Secret) {
+			s.CreationTimestamp = metav1.NewTime(second.Add(-time.Second))
+		}), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second.Add(-3*time.Second)))},
 		"an init container started early": {secret: writtenUnder(), recycle: true, pod: rayPod("c1-worker", "c1", onNode, createdBefore,
-			startedAt(second.Add(5*time.Second)), func(p *corev1.Pod) {
+			startedAt(until.Add(5*time.Second)), func(p *corev1.Pod) {
 				p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "wait-gcs-ready", State: corev1.ContainerState{
 					Terminated: &corev1.ContainerStateTerminated{StartedAt: metav1.NewTime(second.Add(time.Second)), ExitCode: 0}}}}
 			})},
-		"created after the write's second: kept": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode,
+		"created after the write, started in the window (a kubelet's cache may lag)": {secret: writtenUnder(), recycle: true, pod: rayPod("c1-head", "c1", onNode,
 			func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(second.Add(time.Second)) }, startedAt(second.Add(time.Second)))},
-		"a write without the mark (no pod then): kept": {secret: withToken(kuberaysOld(), []byte(token), tokenSrc, written),
+		"a mark of raysync 0.2 (\"true\"): its window from synced-at": {secret: writtenUnder(withSecretAnnotation(names.WrittenUnderPodsAnnotation, "true")),
+			pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second)), recycle: true},
+		"a write without the mark (a restart's): kept": {secret: withToken(kuberaysOld(), []byte(token), tokenSrc, written),
 			pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second))},
 		"being deleted: kept": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second),
 			func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: planNow} })},
@@ -199,4 +226,25 @@ func TestWriteUnderWaitingPodsRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
 			}
 		})
 	}
+
+	// raysync restarted with caches that lag: its pod cache shows the head unbound while the kubelet
+	// has read KubeRay's random token. The write is marked all the same, and once the caches show the
+	// head's container started (in the window), it is recycled: before, the write went unmarked and
+	// the head ran on the random token for ever (issue 25's TestFleetRotation failure).
+	t.Run("the pod cache behind: write, then recycle once the start shows", func(t *testing.T) {
+		unbound := rayPod("c1-head", "c1", func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(planNow.Add(-2 * time.Second)) })
+		in := input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(kuberaysOld()), pods(unbound), seen)
+		first := planCluster(in, cfg.withDefaults())
+		w := first.Actions[0].(UpdateSecret)
+		if !w.MarksRace || w.Secret.Annotations[names.WrittenUnderPodsAnnotation] == "" {
+			t.Fatalf("the write under a pod the cache shows unbound is not marked: %+v", w)
+		}
+		later := planNow.Add(3 * time.Second)
+		started := rayPod("c1-head", "c1", onNode, func(p *corev1.Pod) { p.CreationTimestamp = unbound.CreationTimestamp }, startedAt(planNow.Add(time.Second)))
+		in = input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(w.Secret), pods(started), seen, func(in *ClusterInput) { in.Now = later })
+		got := planCluster(in, cfg.withDefaults())
+		if len(got.Actions) == 0 || got.Actions[0].(DeletePod).Pod != started {
+			t.Errorf("the head that started on KubeRay's token is not recycled: %v", got.Actions)
+		}
+	})
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
@@ -311,6 +312,18 @@ func eventRecorder(kube kubernetes.Interface, dryRun bool, log *zap.Logger) (rec
 	})
 }
 
+// plainMaxConnections bounds the connections the metrics and probe servers serve at once (more wait in
+// the listen backlog): a scraper and a kubelet keep one or two each.
+const plainMaxConnections = 64
+
+// plainServer is the metrics or probe server's: nothing it serves reads a body, so a request has 5 s
+// for its headers and 10 s in all, its answer 30 s (a scrape of a large fleet), and an idle connection
+// is closed after 2 minutes.
+func plainServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+}
+
 // serve runs an HTTP server on addr ("0" or "": none) for the life of the process, not of its signal
 // context: the probe and metrics servers keep answering through a drain (readiness 503, liveness 200,
 // metrics scrapeable to the end). The returned stop, called as the process exits, stops accepting and
@@ -325,9 +338,9 @@ func serve(log *zap.Logger, addr, pattern string, h http.Handler) (stop func(), 
 	}
 	mux := http.NewServeMux()
 	mux.Handle(pattern, h)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := plainServer(mux)
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(netutil.LimitListener(ln, plainMaxConnections)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("server stopped", zap.String("addr", addr), zap.Error(err))
 		}
 	}()

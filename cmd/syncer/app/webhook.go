@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/raysync/raysync/internal/admission"
@@ -46,7 +47,7 @@ func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, c
 	}
 	srv := webhookServer(admission.Handler(ctrl.Admitter(), m, log), getCert)
 	go func() {
-		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.ServeTLS(netutil.LimitListener(ln, webhookMaxConnections), "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("webhook server stopped", zap.Error(err))
 		}
 	}()
@@ -61,11 +62,20 @@ func startWebhook(ctx context.Context, cfg *config, kube kubernetes.Interface, c
 	return ready, nil
 }
 
+// webhookMaxConnections bounds the connections the webhook serves at once (more wait in the listen
+// backlog): each costs its TLS buffers, ~40 KiB, whatever the client sends. The API server keeps a
+// few per replica.
+const webhookMaxConnections = 256
+
 // webhookServer serves h over TLS 1.2+ and HTTP/1.1 only, as controller-runtime's webhook server does
 // (HTTP/2 rapid reset, CVE-2023-44487); the API server then spreads concurrent calls over several
-// connections (a 1,000-pod burst: p99 answer 13-19 -> 8.7 ms in BENCHMARKS.md).
+// connections (a 1,000-pod burst: p99 answer 13-19 -> 8.7 ms in BENCHMARKS.md). A request has 5 s for
+// its headers and 10 s in all to be read (the handler gives its body admission.BodyTimeout once it has
+// room), its answer 15 s (the API server waits at most the configuration's timeoutSeconds, 10 s at
+// most by default); an idle connection is closed after 90 s.
 func webhookServer(h http.Handler, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second,
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second + admission.ReviewWait,
+		WriteTimeout: 15 * time.Second + admission.ReviewWait, IdleTimeout: 90 * time.Second, MaxHeaderBytes: 64 << 10,
 		TLSConfig:    &tls.Config{GetCertificate: getCert, MinVersion: tls.VersionTLS12},
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
 }
