@@ -112,8 +112,8 @@ func TestAdmitPod(t *testing.T) {
 		},
 		"a pod controlled by another RayCluster than its label names: left alone": {
 			clusters: []*unstructured.Unstructured{rayCluster("c1")},
-			pod: []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"kind":"RayCluster","name":"c2","uid":"uid-c1","controller":true}]},"spec":{"containers":[]}}`),
-			result: names.AdmitSkipped, wantReason: "pod not controlled by its RayCluster",
+			pod:      []byte(`{"metadata":{"labels":{"ray.io/cluster":"c1"},"ownerReferences":[{"kind":"RayCluster","name":"c2","uid":"uid-c1","controller":true}]},"spec":{"containers":[]}}`),
+			result:   names.AdmitSkipped, wantReason: "pod not controlled by its RayCluster",
 		},
 		"not JSON: allowed unchanged": {pod: []byte(`[`), result: names.AdmitInvalid, wantReason: "pod is not a JSON object with readable metadata"},
 	}

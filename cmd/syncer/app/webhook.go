@@ -74,8 +74,8 @@ const webhookMaxConnections = 256
 // room), its answer 15 s (the API server waits at most the configuration's timeoutSeconds, 10 s at
 // most by default); an idle connection is closed after 90 s.
 func webhookServer(h http.Handler, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second + admission.ReviewWait,
-		WriteTimeout: 15 * time.Second + admission.ReviewWait, IdleTimeout: 90 * time.Second, MaxHeaderBytes: 64 << 10,
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10*time.Second + admission.ReviewWait,
+		WriteTimeout: 15*time.Second + admission.ReviewWait, IdleTimeout: 90 * time.Second, MaxHeaderBytes: 64 << 10,
 		TLSConfig:    &tls.Config{GetCertificate: getCert, MinVersion: tls.VersionTLS12},
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
 }
