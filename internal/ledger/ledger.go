@@ -93,6 +93,16 @@ func (l Ledger) Current(digest string) (Rotation, bool) {
 	return l[len(l)-1], true
 }
 
+// Holds reports whether the ledger numbers digest in any of its rotations.
+func (l Ledger) Holds(digest string) bool {
+	for _, r := range l {
+		if r.Digest == digest {
+			return true
+		}
+	}
+	return false
+}
+
 // Observed returns the ledger with digest as its newest rotation (appended when it is not already),
 // carrying accept (a rotation recorded before raysync kept it gets it now).
 func (l Ledger) Observed(digest, accept string, now time.Time) (Ledger, bool) {

@@ -196,6 +196,9 @@ const (
 	// it as it is; it numbers no rotation until the ledger is fixed.
 	ReasonLedgerInvalid     = "LedgerInvalid"
 	ReasonRotationAbandoned = "RotationAbandoned"
+	// ReasonWriteFailed (Warning, on the RayCluster): an API write raysync planned was refused (a policy
+	// engine, a quota, RBAC); what depends on it waits, the rest of the cluster's plan went on.
+	ReasonWriteFailed = "WriteFailed"
 )
 
 // Why raysync gave up a restart and resumed the cluster: raysync_rotations_abandoned_total{reason}.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -103,25 +104,86 @@ func deleted(err error) error {
 	return err
 }
 
-// cluster executes a cluster's plan in order and stops at the first failure.
+// stage is an independent part of a cluster's plan: the token (its target, the pods recycled for it
+// and the RayCluster's record, which must never run ahead of the Secret it describes), the pods' entries
+// (copies of pod sources, the template patch that names them, the stale pods recycled after it), and
+// the gateway's address. A failure stops the rest of its stage only: a policy engine refusing an
+// ExternalName Service, or a quota on Secrets, must not keep the token's record from being written.
+type stage int
+
+const (
+	stageToken stage = iota
+	stagePods
+	stageGateway
+	stages
+)
+
+// stageOf is the stage of act; an Event belongs to the stage of the action before it (ok false).
+func stageOf(in *ClusterInput, act Action) (st stage, ok bool) {
+	switch a := act.(type) {
+	case CreateSecret:
+		return secretStage(in, a.Secret), true
+	case UpdateSecret:
+		return secretStage(in, a.Secret), true
+	case ReplaceSecret, PatchCluster:
+		return stagePods, true
+	case DeletePod:
+		if slices.Contains(a.Missing, names.RecycledAuthToken) {
+			return stageToken, true
+		}
+		return stagePods, true
+	case CreateService, UpdateService:
+		return stageGateway, true
+	case RecordToken:
+		return stageToken, true
+	}
+	return 0, false
+}
+
+func secretStage(in *ClusterInput, s *corev1.Secret) stage {
+	if s.Name == in.targetName {
+		return stageToken
+	}
+	return stagePods
+}
+
+// cluster executes a cluster's plan in order. A failure stops what follows in its stage, is reported
+// (a Warning Event on the RayCluster, raysync_sync_total{result="error"}) and returned for a retry;
+// the other stages go on. A create that found its name taken stops the plan: the controller plans
+// again with what it found.
 func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInput, plan ClusterPlan) error {
 	log := clusterLog(a.log, in.Cluster)
 	if plan.TokenCase != "" {
 		log.Debug("token target classified", zap.String("case", plan.TokenCase))
 	}
-	var podErrs []error
+	var errs []error
+	var stopped [stages]bool
+	cur := stageToken
 	for _, act := range plan.Actions {
-		err := a.do(ctx, key, in.Cluster, act, log)
-		if _, isPod := act.(DeletePod); isPod && err != nil {
-			podErrs = append(podErrs, err) // one pod's failure must not hold back the others
+		if st, ok := stageOf(in, act); ok {
+			cur = st
+		}
+		if stopped[cur] {
 			continue
 		}
-		if errors.Is(err, errVanished) {
-			log.Debug("target disappeared during the reconcile")
-			return nil
-		}
-		if err != nil {
+		err := a.do(ctx, key, in.Cluster, act, log)
+		var taken *takenError
+		switch {
+		case err == nil:
+		case errors.As(err, &taken):
 			return err
+		case errors.Is(err, errVanished):
+			log.Debug("target disappeared during the reconcile")
+			stopped[cur] = true
+		default:
+			errs = append(errs, err)
+			if _, isPod := act.(DeletePod); !isPod { // one pod's failure must not hold back the others
+				stopped[cur] = true
+			}
+			if classifyWrite(err) == writeFailed && a.recorder != nil {
+				a.recorder.Event(in.Cluster, corev1.EventTypeWarning, names.ReasonWriteFailed,
+					fmt.Sprintf("raysync could not %v; it retries with back-off, and what does not depend on this write went on", err))
+			}
 		}
 	}
 	if plan.Unchanged {
@@ -130,10 +192,10 @@ func (a *applier) cluster(ctx context.Context, key informer.Key, in *ClusterInpu
 	if plan.Refused > 0 {
 		a.metrics.Syncs.WithLabelValues(names.ResultRefused).Add(float64(plan.Refused))
 	}
-	if plan.TemplatesInPlace && !in.Memory.templatesApplied {
+	if plan.TemplatesInPlace && !in.Memory.templatesApplied && !stopped[stagePods] {
 		a.memory.update(key, in.Cluster.GetUID(), func(m *clusterMemory) { m.templatesApplied = true })
 	}
-	return errors.Join(podErrs...)
+	return errors.Join(errs...)
 }
 
 func (a *applier) do(ctx context.Context, key informer.Key, rc *unstructured.Unstructured, act Action, log *zap.Logger) error {

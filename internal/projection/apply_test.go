@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
@@ -202,4 +203,70 @@ func TestConflictingDeletesGoBackToTheQueue(t *testing.T) {
 			t.Errorf("raysync_pods_recycled_total = %v, want 0", v)
 		}
 	})
+}
+
+// A persistent refusal of one write (a policy engine forbidding ExternalName Services, a quota, a
+// rejected template patch) stops only what depends on it: the RayCluster's token record is written all
+// the same, and the refusal is reported (a Warning Event, raysync_sync_total{result="error"}). A failed
+// token write still keeps the record from running ahead of the Secret it describes. Before, apply
+// stopped at the first error and the record after it was never written.
+func TestAFailingWriteStopsOnlyWhatDependsOnIt(t *testing.T) {
+	forbidden := func(resource string) clienttesting.ReactionFunc {
+		return func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(corev1.Resource(resource), "x", errors.New("denied by policy"))
+		}
+	}
+	rc := rayCluster("c1")
+	record := RecordToken{Namespace: ns, Name: "c1", Patch: []byte(`{"metadata":{"annotations":{"raysync.dev/token-rotation":"7"}}}`)}
+	gw := CreateService{Service: &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c1-gw"}}}
+	patch := PatchCluster{Namespace: ns, Name: "c1", Patch: []byte(`{"spec":{}}`)}
+	tokenWrite := UpdateSecret{Secret: secret(ns, "c1", map[string]string{"auth_token": token}, ownedBy("c1"))}
+	for name, tc := range map[string]struct {
+		actions  []Action
+		recorded bool
+		errors   float64
+	}{
+		"the gateway address and the template patch refused: the record written": {
+			actions: []Action{patch, gw, record}, recorded: true, errors: 2},
+		"the token write refused: no record ahead of it, the gateway address created": {
+			actions: []Action{tokenWrite, gw, record}, errors: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, false, []*unstructured.Unstructured{rc}, sourceSecret(token), secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1")))
+			h.kube.PrependReactor("update", "secrets", forbidden("secrets"))
+			if name[4:11] == "gateway" {
+				h.kube.PrependReactor("create", "services", forbidden("services"))
+				h.dyn.PrependReactor("patch", "rayclusters", func(a clienttesting.Action) (bool, runtime.Object, error) {
+					if strings.Contains(string(a.(clienttesting.PatchAction).GetPatch()), "token-rotation") {
+						return false, nil, nil
+					}
+					return forbidden("rayclusters")(a)
+				})
+			}
+			in := h.ctrl.gather.cluster(rc, h.ctrl.gather.sources(planNow), planNow)
+			err := h.ctrl.apply.cluster(context.Background(), clusterKey(ns, "c1"), in, ClusterPlan{Actions: tc.actions})
+			if err == nil {
+				t.Error("a refused write was not returned for a retry")
+			}
+			recorded := slices.ContainsFunc(h.dyn.Actions(), func(a clienttesting.Action) bool {
+				p, ok := a.(clienttesting.PatchAction)
+				return ok && strings.Contains(string(p.GetPatch()), "token-rotation")
+			})
+			if recorded != tc.recorded {
+				t.Errorf("record written: %v, want %v", recorded, tc.recorded)
+			}
+			if v := testutilValue(h.metrics.Syncs.WithLabelValues(names.ResultError)); v != tc.errors {
+				t.Errorf("raysync_sync_total{result=error} = %v, want %v", v, tc.errors)
+			}
+			var warned int
+			for len(h.recorder.Events) > 0 {
+				if ev := <-h.recorder.Events; strings.Contains(ev, names.ReasonWriteFailed) {
+					warned++
+				}
+			}
+			if float64(warned) != tc.errors {
+				t.Errorf("%d WriteFailed Events, want %v", warned, tc.errors)
+			}
+		})
+	}
 }

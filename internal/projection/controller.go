@@ -9,7 +9,9 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -210,7 +212,24 @@ func (c *Controller) syncSource(ctx context.Context, name types.NamespacedName) 
 	if name != c.cfg.Source && name != c.cfg.Ledger {
 		return nil
 	}
-	p := planLedger(c.cfg, sources, now)
+	p := planLedger(c.cfg, sources, now, false)
+	if p.Verify {
+		live, err := c.apply.kube.CoreV1().Secrets(c.cfg.Source.Namespace).Get(ctx, c.cfg.Source.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			live = nil
+		case err != nil:
+			return fmt.Errorf("read the canonical source %s live before numbering a token the ledger held: %w", c.cfg.Source, err)
+		}
+		sources = readSources(c.cfg, func(n types.NamespacedName) *corev1.Secret {
+			if n == c.cfg.Source {
+				return live
+			}
+			s, _ := c.caches.Source(n)
+			return s
+		}, now)
+		p = planLedger(c.cfg, sources, now, true)
+	}
 	if c.reported.changed("ledger", p.Problem) {
 		c.reportOwnSecret(ctx, c.cfg.Ledger, p.Problem, p.Warning)
 	}

@@ -27,11 +27,18 @@ type ledgerPlan struct {
 	// Problem says why the ledger is left as it is ("": none); Warning is its Event (on the Secret).
 	Problem string
 	Warning *RecordEvent
+	// Verify: the source, as cached, holds a token the ledger numbered before the newest one. Either it
+	// was put back (a rollback, numbered anew) or the source's cache lags the ledger's (they are
+	// separate watches, even in one namespace): plan again with the source read live.
+	Verify bool
 }
 
 // planLedger records the current canonical token in the ledger: the next number for a token it has
-// not numbered, the gateway's SHA-256 for one recorded before raysync kept it.
-func planLedger(cfg Config, src *sourceView, now time.Time) ledgerPlan {
+// not numbered, the gateway's SHA-256 for one recorded before raysync kept it. A token the ledger
+// numbered before its newest is numbered anew only once the source was read live (live): numbering a
+// lagging cache's earlier token would start the wave toward it, and make a revocation, compared by
+// number, stop matching.
+func planLedger(cfg Config, src *sourceView, now time.Time, live bool) ledgerPlan {
 	if cfg.Ledger.Name == "" {
 		return ledgerPlan{}
 	}
@@ -50,6 +57,9 @@ func planLedger(cfg Config, src *sourceView, now time.Time) ledgerPlan {
 	accept := "" // the token's SHA-256, kept only for the gateway (its previous-token grace)
 	if cfg.Gateway.enabled() {
 		accept = gateway.Digest(src.token.value)
+	}
+	if _, newest := src.ledger.Current(src.token.digest); !newest && src.ledger.Holds(src.token.digest) && !live {
+		return ledgerPlan{Verify: true}
 	}
 	next, changed := src.ledger.Observed(src.token.digest, accept, now)
 	if !changed {
