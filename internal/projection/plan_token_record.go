@@ -95,6 +95,27 @@ func (r tokenRecord) holdsDigest(src *sourceView, digest string) bool {
 	return ro.Digest == digest && !r.at().Before(ro.FirstSeen.Add(-ledgerLag))
 }
 
+// vouchesBefore is when the record stops vouching for the containers of its cluster: the first sight of
+// the rotation after the one it names (less ledgerLag), when raysync may have written that rotation's
+// token into the Secret without having recorded it yet (killed in between). A record of rotation N (A)
+// then says nothing of a container started after N+1 (B) came, even when A was put back as N+2: it may
+// hold B. Zero: no later rotation, the record vouches for every container started after it.
+func (r tokenRecord) vouchesBefore(src *sourceView) time.Time {
+	id, err := strconv.Atoi(r.rotation)
+	if err != nil {
+		return time.Time{}
+	}
+	for _, ro := range src.ledger {
+		if ro.ID > id {
+			return ro.FirstSeen.Add(-ledgerLag)
+		}
+	}
+	if ro := src.rotation; ro.ID > id {
+		return ro.FirstSeen.Add(-ledgerLag)
+	}
+	return time.Time{}
+}
+
 // ledgerLag bounds how much earlier than the ledger's first sight of a token raysync can have written it
 // (the ledger and the clusters are written by different workers; first sight has whole seconds).
 const ledgerLag = time.Minute
@@ -102,8 +123,9 @@ const ledgerLag = time.Minute
 // recordedOnCurrent reports whether the RayClusters' records say that every container started among
 // the readers holds the current token (digest), when the target is gone or carries no mark of
 // raysync's (KubeRay re-created it): each started container started after its cluster's recorded
-// write (whole seconds, as startedOnCurrent), and before the target now there was created (a later
-// one read that). It returns the earliest recorded write, which the restored Secret's mark carries.
+// write (whole seconds, as startedOnCurrent), before the next rotation came (vouchesBefore: the record
+// is matched by its rotation and the token together), and before the target now there was created (a
+// later one read that). It returns the earliest recorded write, which the restored Secret's mark carries.
 func recordedOnCurrent(in *ClusterInput, readers []*corev1.Pod, target *corev1.Secret, digest string) (time.Time, bool) {
 	if target != nil && target.Annotations[names.TokenSHA256Annotation] != "" {
 		return time.Time{}, false // raysync's mark says what it wrote: startedOnCurrent decides
@@ -124,12 +146,13 @@ func recordedOnCurrent(in *ClusterInput, readers []*corev1.Pod, target *corev1.S
 			return time.Time{}, false
 		}
 		after := r.at().Truncate(time.Second).Add(time.Second) // container start times are in whole seconds
+		before := r.vouchesBefore(in.Sources)
 		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
 			s := containerStartedAt(cs)
 			if s.IsZero() {
 				continue
 			}
-			if s.Before(after) || (target != nil && !s.Before(target.CreationTimestamp.Time)) {
+			if s.Before(after) || (target != nil && !s.Before(target.CreationTimestamp.Time)) || (!before.IsZero() && !s.Before(before)) {
 				return time.Time{}, false
 			}
 		}

@@ -270,3 +270,34 @@ func TestRestoreOverKubeRaysTokenRecyclesItsRacedReaders(t *testing.T) {
 		})
 	}
 }
+
+// A token rolled back (A as 7, B as 8, A again as 9), raysync killed after writing B into a new
+// cluster's Secret and before recording it (the record still says 7), and the Secret deleted: the
+// stale record "7 (A)" matches the current token by digest, but a container that started after B came
+// may hold B. The record vouches only for containers started before the next rotation came (matched by
+// rotation and token together): the cluster is reported missing and moved by its policy, never given A
+// under containers on B. Before, the restore wrote A.
+func TestAStaleRecordAfterARollbackRestoresNothing(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Ledger: tokenSrc}.withDefaults()
+	cfg.Ledger.Name = "raysync-rotations"
+	seven := ledger.Rotation{ID: 7, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-5 * time.Hour)}
+	eight := ledger.Rotation{ID: 8, Digest: tokenDigest([]byte(oldToken)), FirstSeen: planNow.Add(-3 * time.Hour)}
+	nine := ledger.Rotation{ID: 9, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-time.Hour)}
+	rolledBack := func(in *ClusterInput) { in.Sources.ledger, in.Sources.rotation = ledger.Ledger{seven, eight, nine}, nine }
+	written := seven.FirstSeen.Add(10 * time.Minute)
+	for name, tc := range map[string]struct {
+		started time.Time
+		want    tokenCase
+	}{
+		"the head started after B came (it may hold B): missing":  {started: eight.FirstSeen.Add(10 * time.Minute), want: tokenMissing},
+		"the head started before B came (it holds A): re-created": {started: eight.FirstSeen.Add(-2 * ledgerLag), want: tokenCreate},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := input(cfg, rayCluster("c1", recorded(7, written)), []*corev1.Secret{sourceSecret(token)}, rolledBack,
+				pods(startedPod("c1-head", "c1", tc.started, headPod)))
+			if got := planCluster(in, cfg); got.TokenCase != string(tc.want) {
+				t.Errorf("case %s, want %s", got.TokenCase, tc.want)
+			}
+		})
+	}
+}
