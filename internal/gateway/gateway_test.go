@@ -175,6 +175,16 @@ func (r *ray) startClient(t *testing.T, addr string) {
 		w.Header().Set("Content-Type", "application/grpc")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
+		if strings.HasSuffix(req.URL.Path, "/Flood") { // a server stream: messages until the client goes
+			msg := frame(bytes.Repeat([]byte("x"), 16<<10))
+			for req.Context().Err() == nil {
+				if _, err := w.Write(msg); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
 		for {
 			msg, err := readMsg(req.Body)
 			if err != nil {

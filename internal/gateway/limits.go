@@ -26,12 +26,18 @@ type Limits struct {
 	MaxBodyBytes int64
 	// MaxConnections is the most connections served at once on each port; more are refused at once.
 	MaxConnections int
+	// WriteTimeout bounds each write to a Ray Client connection: a client that stops reading is cut off
+	// after it instead of pinning the connection (and the head's) until TCP gives up.
+	WriteTimeout time.Duration
+	// MaxStreams is the most streams one Ray Client connection has open at once; more are refused
+	// (REFUSED_STREAM, which gRPC retries).
+	MaxStreams int
 }
 
 // DefaultLimits are the limits of `syncer gateway` unless flags say otherwise.
 func DefaultLimits() Limits {
 	return Limits{HeaderTimeout: 10 * time.Second, BodyTimeout: 5 * time.Minute, IdleTimeout: 2 * time.Minute,
-		MaxHeaderBytes: 64 << 10, MaxBodyBytes: MaxDashboardBody, MaxConnections: 512}
+		MaxHeaderBytes: 64 << 10, MaxBodyBytes: MaxDashboardBody, MaxConnections: 512, WriteTimeout: 30 * time.Second, MaxStreams: 100}
 }
 
 func (l Limits) withDefaults() Limits {
@@ -53,6 +59,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxConnections <= 0 {
 		l.MaxConnections = d.MaxConnections
+	}
+	if l.WriteTimeout <= 0 {
+		l.WriteTimeout = d.WriteTimeout
+	}
+	if l.MaxStreams <= 0 {
+		l.MaxStreams = d.MaxStreams
 	}
 	return l
 }
@@ -154,6 +166,20 @@ func (l *ConnLimiter) refuse(c net.Conn) {
 		_, _ = c.Write(l.refusal)
 	}
 	_ = c.Close()
+}
+
+// writeDeadlineConn gives every write a deadline: a peer that stops reading fails the write after
+// timeout instead of blocking it for as long as TCP keeps the connection.
+type writeDeadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c writeDeadlineConn) Write(p []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
 }
 
 type limitedConn struct {

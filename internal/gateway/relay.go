@@ -277,6 +277,7 @@ func (s *streamRecord) end() {
 }
 
 func (g *Gateway) newRelay(c net.Conn) *relay {
+	c = writeDeadlineConn{Conn: c, timeout: g.opts.Limits.WriteTimeout}
 	// Small buffers until a stream is admitted: an unauthenticated connection costs little.
 	r := &relay{g: g, client: c, cr: bufio.NewReaderSize(c, 4<<10), cw: bufio.NewWriterSize(c, 4<<10),
 		streams: map[uint32]*relayStream{}}
@@ -603,6 +604,9 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 			r.mu.Lock()
 			closed := r.closed
 			if !closed {
+				// A head that stops reading (a client sending past its flow-control window can make it
+				// stop) must not pin the connection either.
+				up = writeDeadlineConn{Conn: up, timeout: r.g.opts.Limits.WriteTimeout}
 				r.up, r.ur, r.uw = up, bufio.NewReaderSize(up, relayBuffer), bufio.NewWriterSize(up, relayWriteBuffer)
 			}
 			r.mu.Unlock()
@@ -690,12 +694,18 @@ func appendWindowUpdate(b []byte, stream, n uint32) []byte {
 	return binary.BigEndian.AppendUint32(b, n)
 }
 
-// writeClient writes what add appends to the client, at once.
+// writeClient writes what add appends to the client, at once. A write that fails (the client stopped
+// reading for WriteTimeout, or went) ends the connection.
 func (r *relay) writeClient(add func([]byte) []byte) {
 	r.cwmu.Lock()
-	defer r.cwmu.Unlock()
-	_, _ = r.cw.Write(add(nil))
-	_ = r.cw.Flush()
+	_, err := r.cw.Write(add(nil))
+	if err == nil {
+		err = r.cw.Flush()
+	}
+	r.cwmu.Unlock()
+	if err != nil {
+		r.close()
+	}
 }
 
 // forwardHeaders sends a client's header block on to the head without any client credential; a
@@ -931,6 +941,10 @@ func (r *relay) clientHeaders(h frameHeader) error {
 	case draining:
 		r.writeClient(func(p []byte) []byte { return appendRST(p, b.stream, errCodeRefusedStream) })
 		return nil
+	case r.openStreams() >= r.g.opts.Limits.MaxStreams:
+		// Over the connection's stream cap: refused before anything is forwarded (gRPC retries it).
+		r.writeClient(func(p []byte) []byte { return appendRST(p, b.stream, errCodeRefusedStream) })
+		return nil
 	}
 	a := r.admit(fields)
 	rec := &streamRecord{g: r.g, start: start, result: a.result, cred: a.cred}
@@ -953,6 +967,12 @@ func (r *relay) clientHeaders(h frameHeader) error {
 	}
 	r.mu.Unlock()
 	return r.forwardHeaders(b, fields, true)
+}
+
+func (r *relay) openStreams() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.streams)
 }
 
 // streamSideEnded notes one side of a stream ending (or the stream reset); a stream both sides

@@ -331,3 +331,111 @@ func TestRayClientGetsTheServerPrefaceFirst(t *testing.T) {
 		t.Errorf("grpc-status %s, %d SETTINGS ACKs (want 0 and the head's one ACK of the client's SETTINGS)", status, acks)
 	}
 }
+
+// rawClient opens a Ray Client connection by hand: the preface, SETTINGS with window (the initial
+// stream window; 0: the default) and, with window, the whole connection window opened.
+func rawClient(t *testing.T, addr string, window uint32) (net.Conn, *http2.Framer) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10) // a small receive buffer: what the client leaves unread fills it fast
+	}
+	_, _ = io.WriteString(conn, http2.ClientPreface)
+	fr := http2.NewFramer(conn, conn)
+	var settings []http2.Setting
+	if window > 0 {
+		settings = append(settings, http2.Setting{ID: http2.SettingInitialWindowSize, Val: window})
+	}
+	_ = fr.WriteSettings(settings...)
+	if window > 0 {
+		_ = fr.WriteWindowUpdate(0, window-65535)
+	}
+	return conn, fr
+}
+
+// openStream sends the headers of an authorized Ray Client call on stream id, leaving it open.
+func openStream(fr *http2.Framer, id uint32) error { return openCall(fr, id, "Datapath", false) }
+
+// openCall sends the headers of an authorized call of method on stream id.
+func openCall(fr *http2.Framer, id uint32, method string, end bool) error {
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/ray.rpc.RayletDriver/" + method},
+		{":authority", "svc-gw.ml:10001"}, {"content-type", "application/grpc"}, {"authorization", "Bearer " + string(clientCurrent)}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: end})
+}
+
+// A client that opens its flow-control windows, asks for a server stream and never reads: the head's
+// messages fill its socket, and the gateway's write to it blocks. Each write has WriteTimeout: the
+// connection (and the head's) is cut off then, instead of being pinned until TCP gives up (with the
+// idle GOAWAY blocked behind it). Same for a client that sends past the head's flow-control window, so
+// that the head stops reading: the gateway's write to the head has the same deadline.
+func TestRayClientThatNeverReadsIsCutOff(t *testing.T) {
+	for name, flood := range map[string]func(fr *http2.Framer) error{
+		"a server stream it never reads": func(fr *http2.Framer) error { return openCall(fr, 1, "Flood", true) },
+		"past the head's window": func(fr *http2.Framer) error {
+			if err := openStream(fr, 1); err != nil {
+				return err
+			}
+			go func() {
+				msg := frame(bytes.Repeat([]byte("x"), 16<<10))
+				for fr.WriteData(1, false, msg) == nil {
+				}
+			}()
+			return nil
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarnessWith(t, testTable(), Limits{WriteTimeout: 300 * time.Millisecond})
+			_, fr := rawClient(t, h.clientAddr, 1<<31-1)
+			if err := flood(fr); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for h.clientLimiter.Open() > 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if n := h.clientLimiter.Open(); n != 0 {
+				t.Errorf("%d connections still held 20 s after the client stopped reading (write timeout 300 ms)", n)
+			}
+		})
+	}
+}
+
+// One connection has at most MaxStreams streams open: the next is refused (REFUSED_STREAM, which gRPC
+// retries) and never reaches the head; the streams already open go on.
+func TestRayClientStreamCap(t *testing.T) {
+	h := newHarnessWith(t, testTable(), Limits{MaxStreams: 2})
+	conn, fr := rawClient(t, h.clientAddr, 0)
+	for _, id := range []uint32{1, 3, 5} {
+		if err := openStream(fr, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no REFUSED_STREAM for the third stream: %v", err)
+		}
+		if rst, ok := f.(*http2.RSTStreamFrame); ok {
+			if rst.StreamID != 5 || rst.ErrCode != http2.ErrCodeRefusedStream {
+				t.Errorf("RST_STREAM on %d with %v, want on 5 with REFUSED_STREAM", rst.StreamID, rst.ErrCode)
+			}
+			break
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	h.ray.mu.Lock()
+	calls := h.ray.clientCalls
+	h.ray.mu.Unlock()
+	if calls != 2 {
+		t.Errorf("the head accepted %d calls, want the 2 under the cap", calls)
+	}
+}

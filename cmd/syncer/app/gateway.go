@@ -69,6 +69,8 @@ func addGatewayFlags(fs *pflag.FlagSet, c *gatewayConfig, r *gatewayFlags, geten
 	fs.DurationVar(&c.limits.HeaderTimeout, "header-timeout", d.HeaderTimeout, "how long a client has to send a request's headers (Ray Client: its connection preface)")
 	fs.DurationVar(&c.limits.BodyTimeout, "body-timeout", d.BodyTimeout, "how long an authenticated client has to send a forwarded request's body (a job's package: up to 100 MiB)")
 	fs.DurationVar(&c.limits.IdleTimeout, "idle-timeout", d.IdleTimeout, "a client connection with nothing in flight is closed after this")
+	fs.DurationVar(&c.limits.WriteTimeout, "write-timeout", d.WriteTimeout, "each write to a Ray Client connection must complete within this: a client that stops reading is cut off")
+	fs.IntVar(&c.limits.MaxStreams, "max-streams", d.MaxStreams, "most streams one Ray Client connection has open at once; more are refused (REFUSED_STREAM)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	if ns := getenv("POD_NAMESPACE"); ns != "" {
@@ -94,8 +96,8 @@ func (c *gatewayConfig) validate(r *gatewayFlags) error {
 	if c.drainDelay < 0 || c.drainTimeout < 0 {
 		return errors.New("--drain-delay and --drain-timeout must not be negative")
 	}
-	if l := c.limits; l.MaxConnections < 1 || l.HeaderTimeout <= 0 || l.BodyTimeout <= 0 || l.IdleTimeout <= 0 {
-		return errors.New("--max-connections, --header-timeout, --body-timeout and --idle-timeout must be positive")
+	if l := c.limits; l.MaxConnections < 1 || l.HeaderTimeout <= 0 || l.BodyTimeout <= 0 || l.IdleTimeout <= 0 || l.WriteTimeout <= 0 || l.MaxStreams < 1 {
+		return errors.New("--max-connections, --max-streams, --header-timeout, --body-timeout, --idle-timeout and --write-timeout must be positive")
 	}
 	return nil
 }
