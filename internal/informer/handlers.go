@@ -42,6 +42,17 @@ func (c *Caches) AddEventHandlers(enqueue func(Key)) error {
 			return err
 		}
 	}
+	if c.control != nil {
+		// A pause or an adoption concerns the wave; the clusters' Events (NotAdopted) follow theirs.
+		if _, err := c.control.AddEventHandler(onChange(func(any) {
+			for _, rc := range c.RayClusters("") {
+				enqueue(Key{Kind: ClusterKey, Namespace: rc.GetNamespace(), Name: rc.GetName()})
+			}
+			enqueue(waveKey)
+		})); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

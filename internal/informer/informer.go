@@ -91,6 +91,9 @@ type Config struct {
 	Table types.NamespacedName
 	// GatewayAddresses: watch Services too (the gateway's <name>-gw addresses raysync keeps).
 	GatewayAddresses bool
+	// Control is the operator's control ConfigMap (none when Name is ""), watched by name: its changes
+	// (a pause, an adoption) concern the wave.
+	Control types.NamespacedName
 }
 
 // scope holds the informers of one watched namespace ("" when watching all).
@@ -113,6 +116,9 @@ type Caches struct {
 	sources map[types.NamespacedName]cache.SharedIndexInformer
 	// sourceNames are the names of the sources (a pod source's copies have its name).
 	sourceNames map[string]bool
+
+	// control is the control ConfigMap's informer (nil: none).
+	control cache.SharedIndexInformer
 
 	firstSeen       sync.Map // types.UID -> time.Time when raysync first saw the RayCluster
 	sourceChangedAt sync.Map // types.NamespacedName -> time.Time of the last observed content change
@@ -163,7 +169,25 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, md metadata.Interface
 		_ = inf.SetTransform(stripManagedFields)
 		c.sources[src] = inf
 	}
+	if n := cfg.Control; n.Name != "" {
+		c.control = coreinformers.NewFilteredConfigMapInformer(kube, n.Namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", n.Name).String()
+		})
+		_ = c.control.SetTransform(stripManagedFields)
+	}
 	return c
+}
+
+// Control returns the control ConfigMap as cached (nil: none configured, or absent).
+func (c *Caches) Control() *corev1.ConfigMap {
+	if c.control == nil {
+		return nil
+	}
+	obj, ok, _ := c.control.GetIndexer().GetByKey(c.cfg.Control.String())
+	if !ok {
+		return nil
+	}
+	return obj.(*corev1.ConfigMap)
 }
 
 // byName lists every Secret watched by name: the sources, the ledger, the table (each once).
@@ -187,6 +211,9 @@ func (c *Caches) all() []cache.SharedIndexInformer {
 	}
 	for _, inf := range c.sources {
 		infs = append(infs, inf)
+	}
+	if c.control != nil {
+		infs = append(infs, c.control)
 	}
 	return infs
 }

@@ -232,7 +232,7 @@ var (
 		"Running Ray pods lacking a pull secret or the autoscaler TLS (they pick it up when restarted).",
 		[]string{"namespace", "raycluster", "reason"}, nil)
 	rotationClustersDesc = prometheus.NewDesc("raysync_rotation_clusters",
-		"RayClusters by owner kind and token rotation state: current, behind (running on an older token), rotating (being replaced or restarted), blocked (rotating longer than --rotation-timeout).",
+		"RayClusters by owner kind and token rotation state: current, behind (running on an older token), not_adopted (running on a token raysync did not write, and not adopted: raysync moves nothing of it), rotating (being replaced or restarted), blocked (rotating longer than --rotation-timeout).",
 		[]string{"kind", "state"}, nil)
 	oldestBehindDesc = prometheus.NewDesc("raysync_rotation_oldest_behind_seconds",
 		"How long the cluster longest behind the current canonical token has been behind (0 when none is).", nil, nil)

@@ -77,16 +77,41 @@ const (
 	PreviousRevokedAnnotation = "raysync.dev/previous-revoked"
 )
 
+// Adoption and the emergency stop: what an operator sets to let raysync move clusters that ran before
+// it, or to stop it moving any (docs/guides/running-fleet.md).
+const (
+	// AdoptAnnotation ("true") on a RayService, RayJob or RayCluster, set by a user or `syncer adopt`:
+	// raysync may move its clusters by their policy, although they run on a token raysync did not write.
+	AdoptAnnotation = "raysync.dev/adopt"
+	// AdoptedAnnotation (RFC 3339) on a RayService: when raysync adopted it (by AdoptAnnotation, the
+	// control ConfigMap, or because it had written the token of one of its clusters). Its later
+	// clusters, born on KubeRay's token while raysync was down, then move by its policy.
+	AdoptedAnnotation = "raysync.dev/adopted"
+
+	// Keys of the control ConfigMap (--control), which raysync reads and never writes.
+	// ControlPausedKey "true": no replacement or restart starts (those in flight finish); anything but
+	// "", "false" or "true" counts as "true". ControlReasonKey and ControlPausedAtKey say why and
+	// since when (`syncer pause` writes them).
+	ControlPausedKey   = "paused"
+	ControlReasonKey   = "reason"
+	ControlPausedAtKey = "paused-at"
+	// ControlAdoptKey: "all", or the namespaces (separated by commas or spaces) whose clusters raysync adopts.
+	ControlAdoptKey = "adopt"
+)
+
 // Token rotation states: raysync_rotation_clusters{state} and `syncer status`.
 const (
-	TokenCurrent  = "current"
-	TokenBehind   = "behind"
-	TokenRotating = "rotating"
-	TokenBlocked  = "blocked"
+	TokenCurrent = "current"
+	TokenBehind  = "behind"
+	// TokenNotAdopted: behind, on a token raysync did not write (the cluster ran before raysync, or was
+	// born while it was down), and not adopted: raysync moves nothing of it.
+	TokenNotAdopted = "not_adopted"
+	TokenRotating   = "rotating"
+	TokenBlocked    = "blocked"
 )
 
 // TokenStates lists every token rotation state.
-var TokenStates = []string{TokenCurrent, TokenBehind, TokenRotating, TokenBlocked}
+var TokenStates = []string{TokenCurrent, TokenBehind, TokenNotAdopted, TokenRotating, TokenBlocked}
 
 // OwnerKind is the kind of the KubeRay resource a RayCluster belongs to: the RayService or RayJob that
 // generated it (KubeRay's ray.io/originated-from-crd label), or RayCluster for a standalone cluster.
@@ -196,6 +221,12 @@ const (
 	// it as it is; it numbers no rotation until the ledger is fixed.
 	ReasonLedgerInvalid     = "LedgerInvalid"
 	ReasonRotationAbandoned = "RotationAbandoned"
+	// ReasonNotAdopted (on the RayCluster): it runs on a token raysync did not write, and raysync will
+	// not replace or restart it until it is adopted.
+	ReasonNotAdopted = "NotAdopted"
+	// ReasonInvalidAnnotation (Warning, on the RayCluster): a raysync annotation has a value raysync
+	// does not know; it applies the safest reading, which the message names.
+	ReasonInvalidAnnotation = "InvalidAnnotation"
 	// ReasonWriteFailed (Warning, on the RayCluster): an API write raysync planned was refused (a policy
 	// engine, a quota, RBAC); what depends on it waits, the rest of the cluster's plan went on.
 	ReasonWriteFailed = "WriteFailed"

@@ -35,6 +35,10 @@ type Config struct {
 	NoPrecreate bool
 	// Gateway is what raysync keeps for the gateway (off when Table is empty).
 	Gateway GatewayOptions
+	// Control is the ConfigMap an operator pauses the wave and adopts namespaces with (names.Control*
+	// keys), in raysync's own namespace; raysync reads it and never writes it. Empty: none (nothing
+	// paused, no namespace adopted as a whole).
+	Control types.NamespacedName
 }
 
 // GatewayOptions: the table raysync publishes for the gateway, and the addresses it keeps.
@@ -110,7 +114,7 @@ func (c Config) Watched() []types.NamespacedName {
 // sources by name, its own ledger and gateway table by name, and the gateway addresses' Services.
 func (c Config) Watches(namespaces []string) informer.Config {
 	return informer.Config{Namespaces: namespaces, Sources: c.Sources(), Ledger: c.Ledger, Table: c.Gateway.Table,
-		GatewayAddresses: c.Gateway.Service != ""}
+		GatewayAddresses: c.Gateway.Service != "", Control: c.Control}
 }
 
 // InScope is the one predicate for "raysync manages this RayCluster": it matches the selector, is not

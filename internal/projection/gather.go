@@ -61,11 +61,13 @@ func (g *gatherer) released(now time.Time) []clusterView {
 
 // sources reads and validates every configured source.
 func (g *gatherer) sources(now time.Time) *sourceView {
-	return readSourcesWith(g.cfg, func(n types.NamespacedName) *corev1.Secret {
+	v := readSourcesWith(g.cfg, func(n types.NamespacedName) *corev1.Secret {
 		// the sources and the ledger are all watched by name
 		s, _ := g.caches.Source(n)
 		return s
 	}, now, &g.parsed)
+	v.control = readControl(g.caches.Control())
+	return v
 }
 
 // cluster reads everything the decision about rc needs.

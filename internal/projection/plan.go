@@ -2,6 +2,7 @@ package projection
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -230,6 +231,8 @@ type RotationStatus struct {
 	// it cannot, and Unmovable says why (whatever the policy: `syncer rotate` refuses it too).
 	Move      string `json:"move,omitempty"`
 	Unmovable string `json:"unmovable,omitempty"`
+	// Invalid are raysync annotations whose values raysync cannot read, each with the reading applied.
+	Invalid []string `json:"invalidAnnotations,omitempty"`
 }
 
 // InSync reports whether every applicable target is in sync and no pod is stale.
@@ -244,7 +247,7 @@ func (s ClusterStatus) InSync() bool {
 			return false
 		}
 	}
-	if s.Rotation != nil && (s.Rotation.State == names.TokenBehind || s.Rotation.State == names.TokenBlocked) {
+	if s.Rotation != nil && (s.Rotation.State == names.TokenBehind || s.Rotation.State == names.TokenBlocked || s.Rotation.State == names.TokenNotAdopted) {
 		return false
 	}
 	return !s.Deferred
@@ -258,10 +261,34 @@ func (p *ClusterPlan) recordStanding(in *ClusterInput, cfg Config, t TokenTarget
 		since := p.Standing.Since.UTC()
 		st.Since = &since
 	}
+	st.Invalid = p.Standing.Invalid
 	p.Status.Rotation = st
-	if p.Standing.Held != "" && p.Standing.State == names.TokenBehind {
+	if len(p.Standing.Invalid) > 0 {
+		p.warnOnce(in, names.ReasonInvalidAnnotation, strings.Join(p.Standing.Invalid, "; "))
+	}
+	switch {
+	case p.Standing.State == names.TokenNotAdopted:
+		p.onceNormal(in, names.ReasonNotAdopted, notAdoptedMessage(p.Standing))
+	case p.Standing.Held != "" && p.Standing.State == names.TokenBehind:
 		p.warnOnce(in, names.ReasonRotationHeld, "this cluster keeps the token it runs on until it is restarted or deleted: "+p.Standing.Held)
 	}
+}
+
+// notAdoptedMessage says why raysync moves nothing of a cluster it did not adopt, and what adopting it
+// would do.
+func notAdoptedMessage(r standing) string {
+	would := "hold it (its policy; `syncer rotate` moves it on request)"
+	switch {
+	case r.Policy == names.PolicyReplace:
+		would = "replace it (its RayService starts a new cluster on the canonical token; traffic switches when it is ready)"
+	case r.Policy == names.PolicyRestart:
+		would = "restart it (every pod stops, then all start on the canonical token)"
+	case r.Policy == names.PolicyGateway:
+		would = "leave it running (the gateway accepts the canonical token for it)"
+	}
+	return "this cluster runs on a token raysync did not write (it ran before raysync, or was created while raysync was down): raysync " +
+		"replaces or restarts nothing of it until it is adopted (annotation " + names.AdoptAnnotation + "=true, `syncer adopt`, or its namespace in " +
+		"the control ConfigMap). Adopting it would " + would
 }
 
 // planCluster decides everything about one managed RayCluster: its token target, then its managed
@@ -294,6 +321,19 @@ func (p *ClusterPlan) warnOnce(in *ClusterInput, reason, message string) {
 		return
 	}
 	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeWarning, Reason: reason,
+		Message: message, DedupKey: reason, DedupValue: gen})
+}
+
+// onceNormal plans a Normal Event on the cluster once per generation and reason (as warnOnce).
+func (p *ClusterPlan) onceNormal(in *ClusterInput, reason, message string) {
+	if in.reportOnly {
+		return
+	}
+	gen := generationKey(in.Cluster)
+	if in.Memory.warned[reason] == gen {
+		return
+	}
+	p.Actions = append(p.Actions, RecordEvent{Object: in.Cluster, Type: corev1.EventTypeNormal, Reason: reason,
 		Message: message, DedupKey: reason, DedupValue: gen})
 }
 

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -54,6 +55,12 @@ type standing struct {
 	Unit *unstructured.Unstructured
 	// Current: the cluster's containers hold (or will start with) the current token.
 	Current bool
+	// Adopted: raysync may move the cluster (adoptionOf); a cluster behind and not adopted is reported
+	// not_adopted and moved by nothing, whatever its policy says.
+	Adopted bool
+	// Invalid are raysync annotations on the cluster (or its owner) whose values raysync cannot read,
+	// each with the reading it applied instead.
+	Invalid []string
 }
 
 // ownerKind is OwnerRayService, OwnerRayJob or "" (standalone).
@@ -87,28 +94,75 @@ func moveOf(in *ClusterInput, t TokenTarget) (move, cannot string) {
 	return names.PolicyReplace, ""
 }
 
-// policyOf is the cluster's rotation policy and, when it cannot apply, why it falls back to hold.
-func policyOf(in *ClusterInput, opts RotationOptions, move, cannot string) (policy, held string) {
+// policyOf is the cluster's rotation policy and, when it cannot apply, why it falls back to hold. An
+// annotation value raysync cannot read is reported (invalid) and read as hold, the safest policy.
+func policyOf(in *ClusterInput, opts RotationOptions, move, cannot string) (policy, held, invalid string) {
 	rc := in.Cluster
 	policy = opts.Policies[ownerKind(rc)]
 	switch p := metaString(rc, "annotations", names.RotationAnnotation); p {
+	case "":
 	case names.PolicyReplace, names.PolicyRestart, names.PolicyHold, names.PolicyGateway:
 		policy = p
+	default:
+		invalid = fmt.Sprintf("%s %q is not replace, restart, hold or gateway: read as hold, the safest", names.RotationAnnotation, p)
+		return names.PolicyHold, "its " + names.RotationAnnotation + " annotation is not a policy raysync knows", invalid
 	}
 	switch {
 	case policy == "" || policy == names.PolicyHold:
-		return names.PolicyHold, ""
+		return names.PolicyHold, "", ""
 	case cannot != "":
-		return names.PolicyHold, cannot
+		return names.PolicyHold, cannot, ""
 	case policy == names.PolicyReplace && move != names.PolicyReplace:
-		return names.PolicyHold, "only a RayService can replace its cluster"
+		return names.PolicyHold, "only a RayService can replace its cluster", ""
 	case policy == names.PolicyRestart && move != names.PolicyRestart:
-		return names.PolicyHold, "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end"
+		return names.PolicyHold, "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end", ""
 	case policy == names.PolicyRestart && abandonedFor(rc, in.Sources.rotation.Name()):
 		return names.PolicyHold, "its restart for rotation " + in.Sources.rotation.Name() + " was abandoned (Event " + names.ReasonRotationAbandoned +
-			"); `syncer rotate` tries again, and the next rotation restarts it"
+			"); `syncer rotate` tries again, and the next rotation restarts it", ""
 	}
-	return policy, ""
+	return policy, "", ""
+}
+
+// adoptionOf says whether raysync may move the cluster, from the objects alone (every replica, and
+// raysync after a restart, decide alike). Adopted by an operator: raysync.dev/adopt=true on the
+// cluster or on its RayService or RayJob, or its namespace (or every namespace) in the control
+// ConfigMap. Adopted by what raysync did: its Secret carries raysync's mark (raysync wrote the token
+// it holds: a cluster born while raysync ran), the RayCluster raysync's record of it, raysync moved it
+// before (its rotation marks), or raysync adopted its RayService (raysync.dev/adopted). A cluster that
+// reads the canonical source itself is adopted once its containers started after raysync first saw the
+// source. Anything else ran before raysync, or was born on KubeRay's token while raysync was down: not
+// adopted. invalid names a raysync.dev/adopt value raysync cannot read (read as not adopted).
+func adoptionOf(in *ClusterInput, t TokenTarget) (adopted bool, invalid string) {
+	for _, obj := range []*unstructured.Unstructured{in.Cluster, in.Owner} {
+		if obj == nil {
+			continue
+		}
+		switch v := metaString(obj, "annotations", names.AdoptAnnotation); v {
+		case "true":
+			return true, ""
+		case "", "false":
+		default:
+			invalid = fmt.Sprintf("%s %q on %s %s is not true or false: read as false (not adopted)", names.AdoptAnnotation, v, obj.GetKind(), obj.GetName())
+		}
+		if metaString(obj, "annotations", names.AdoptedAnnotation) != "" || !startedAt(obj).IsZero() ||
+			metaString(obj, "annotations", names.RotationAbandonedAnnotation) != "" {
+			return true, invalid
+		}
+	}
+	switch {
+	case in.Sources.control.adopts(in.Cluster.GetNamespace()):
+		return true, invalid
+	case in.Target != nil && in.Target.Annotations[names.TokenSHA256Annotation] != "":
+		return true, invalid
+	case metaString(in.Cluster, "annotations", names.TokenRotationAnnotation) != "":
+		return true, invalid
+	case in.Owner != nil && ownerKind(in.Cluster) == names.OwnerRayService && rotationID(in.Owner) != "":
+		return true, invalid
+	case t.IsSource && len(in.Sources.ledger) > 0:
+		began := earliestStart(in.Pods)
+		return !began.IsZero() && !began.Before(in.Sources.ledger[0].FirstSeen), invalid
+	}
+	return false, invalid
 }
 
 // abandonedFor: raysync gave up a restart of rc for rotation (and resumed the cluster).
@@ -121,7 +175,14 @@ func abandonedFor(rc *unstructured.Unstructured, rotation string) bool {
 func standingOf(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) standing {
 	r := standing{Current: holdsCurrent}
 	r.Move, r.Cannot = moveOf(in, t)
-	r.Policy, r.Held = policyOf(in, cfg.Rotation, r.Move, r.Cannot)
+	var invalidPolicy, invalidAdopt string
+	r.Policy, r.Held, invalidPolicy = policyOf(in, cfg.Rotation, r.Move, r.Cannot)
+	r.Adopted, invalidAdopt = adoptionOf(in, t)
+	for _, v := range []string{invalidPolicy, invalidAdopt} {
+		if v != "" {
+			r.Invalid = append(r.Invalid, v)
+		}
+	}
 	r.Unit = in.Cluster
 	if r.Policy == names.PolicyReplace || (ownerKind(in.Cluster) == names.OwnerRayService && !startedAt(in.Owner).IsZero()) {
 		r.Unit = in.Owner // a replacement acts on the RayService (also one `syncer rotate` asked for)
@@ -135,6 +196,8 @@ func standingOf(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) 
 		}
 	case holdsCurrent:
 		r.State = names.TokenCurrent
+	case !r.Adopted:
+		r.State, r.Since = names.TokenNotAdopted, behindSince(in)
 	default:
 		r.State, r.Since = names.TokenBehind, behindSince(in)
 	}

@@ -41,14 +41,19 @@ func ofRayService(svc string) func(*unstructured.Unstructured) {
 }
 
 func rayService(name string, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
+	// raysync adopted it a day ago (TestAdoption* start from RayServices it did not).
 	rs := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
-		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name, "resourceVersion": "4"},
-		"spec":     map[string]any{}, "status": map[string]any{}}}
+		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name, "resourceVersion": "4",
+			"annotations": map[string]any{names.AdoptedAnnotation: adoptedAt}},
+		"spec": map[string]any{}, "status": map[string]any{}}}
 	for _, o := range opts {
 		o(rs)
 	}
 	return rs
 }
+
+// adoptedAt is when raysync adopted the fixtures' RayServices.
+var adoptedAt = planNow.Add(-24 * time.Hour).Format(time.RFC3339)
 
 func owner(o *unstructured.Unstructured) func(*ClusterInput) {
 	return func(in *ClusterInput) { in.Owner = o }

@@ -37,6 +37,8 @@ func input(cfg Config, rc *unstructured.Unstructured, sources []*corev1.Secret, 
 		return nil
 	}
 	in := &ClusterInput{Cluster: rc, Sources: readSources(cfg.withDefaults(), get, planNow), Now: planNow}
+	// The tests of everything but adoption see clusters an operator adopted (TestAdoption* see the rest).
+	in.Sources.control.adoptAll = true
 	for _, o := range opts {
 		o(in)
 	}
@@ -44,6 +46,9 @@ func input(cfg Config, rc *unstructured.Unstructured, sources []*corev1.Secret, 
 }
 
 func target(s *corev1.Secret) func(*ClusterInput) { return func(in *ClusterInput) { in.Target = s } }
+
+// notAdoptedByAll: no operator adopted every cluster (the default of a new install).
+func notAdoptedByAll(in *ClusterInput) { in.Sources.control.adoptAll = false }
 
 func copies(ss ...*corev1.Secret) func(*ClusterInput) {
 	return func(in *ClusterInput) {

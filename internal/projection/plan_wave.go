@@ -30,6 +30,7 @@ type unit struct {
 	since     time.Time // behind since (the earliest member)
 	requested bool      // `syncer rotate` asked for it
 	waits     string    // why it cannot start now ("" when it can)
+	adopted   bool      // a member is adopted (adoptionOf): the unit is
 }
 
 // clusterView is one managed cluster's input and decision, as the wave sees them.
@@ -47,9 +48,12 @@ func (u *unit) key() string {
 
 // wavePlan is what the wave does now.
 type wavePlan struct {
-	Actions      []Action
-	InFlight     int
-	Blocked      bool
+	Actions  []Action
+	InFlight int
+	Blocked  bool
+	// Paused: the control ConfigMap stops the wave; Held counts the units it keeps from starting.
+	Paused bool
+	Held   int
 	Started      []string      // unit keys started by this plan
 	Observed     []string      // expected units the caches now show in flight
 	RequeueAfter time.Duration // look again then (a rotation in flight may time out)
@@ -106,6 +110,12 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 			w.InFlight++ // started, and its unit not in the caches at all yet
 		}
 	}
+	w.Actions = append(w.Actions, recordAdoptions(units, now)...)
+	if len(clusters) > 0 && clusters[0].in.Sources.control.paused {
+		// The emergency stop: nothing new starts; what is in flight went on above, to its end.
+		w.Paused, w.Held = true, len(candidates)
+		return w
+	}
 	if w.Blocked || cur.ID == 0 {
 		return w
 	}
@@ -128,6 +138,24 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 		w.InFlight++
 	}
 	return w
+}
+
+// recordAdoptions records on each adopted RayService that raysync adopted it (names.AdoptedAnnotation),
+// once: its later clusters, born on KubeRay's token while raysync was down, then move by its policy as
+// its earlier ones did. (A standalone or RayJob cluster is its own unit, and carries its own evidence.)
+func recordAdoptions(units []*unit, now time.Time) []Action {
+	var acts []Action
+	for _, u := range units {
+		rs := u.obj
+		if u.ownerKind != names.OwnerRayService || !u.adopted || metaString(rs, "annotations", names.AdoptedAnnotation) != "" {
+			continue
+		}
+		a := ownedMarks(rs)
+		a[names.AdoptedAnnotation] = now.UTC().Format(time.RFC3339)
+		acts = append(acts, PatchRotation{Kind: names.OwnerRayService, Namespace: rs.GetNamespace(), Name: rs.GetName(),
+			Patch: rayServiceApply(rs, a, rotationID(rs))})
+	}
+	return acts
 }
 
 // groupUnits gathers clusters into what moves them: a RayService (replace) or the cluster itself.
@@ -164,6 +192,7 @@ func groupUnits(clusters []clusterView) []*unit {
 		}
 		u.members = append(u.members, c)
 		u.requested = u.requested || requested
+		u.adopted = u.adopted || r.Adopted
 		if r.State == names.TokenBehind {
 			if !u.behind || r.Since.Before(u.since) {
 				u.since = r.Since
@@ -209,6 +238,8 @@ func droppedRequests(clusters []clusterView) []Action {
 		switch {
 		case r.State == names.TokenCurrent:
 			why = "the cluster already runs on the current canonical token"
+		case r.State == names.TokenNotAdopted:
+			why = "raysync has not adopted this cluster (it runs on a token raysync did not write): adopt it first (" + names.AdoptAnnotation + "=true, or `syncer adopt`)"
 		case r.State == names.TokenBehind && r.Cannot != "":
 			why = "raysync cannot move this cluster: " + r.Cannot
 		default:

@@ -6,6 +6,7 @@ package projection
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -98,7 +99,16 @@ func rotationID(rs *unstructured.Unstructured) string {
 // rayServiceApply is the server-side apply configuration raysync owns on a RayService: its metadata
 // annotations (nil: none, which gives them up) and, when rotationID is set, the rotation number in the
 // head pod template, whose change is what makes KubeRay start a new cluster.
+// raysync's record of adopting the RayService is part of every apply once it is there: an apply that
+// left it out would give it up, and server-side apply would remove it.
 func rayServiceApply(rs *unstructured.Unstructured, annotations map[string]any, rotationID string) []byte {
+	if adopted := metaString(rs, "annotations", names.AdoptedAnnotation); adopted != "" && annotations[names.AdoptedAnnotation] == nil {
+		annotations = maps.Clone(annotations)
+		if annotations == nil {
+			annotations = map[string]any{}
+		}
+		annotations[names.AdoptedAnnotation] = adopted
+	}
 	obj := map[string]any{"apiVersion": "ray.io/v1", "kind": string(names.OwnerRayService),
 		"metadata": map[string]any{"name": rs.GetName(), "namespace": rs.GetNamespace()}}
 	if len(annotations) > 0 {
@@ -110,6 +120,18 @@ func rayServiceApply(rs *unstructured.Unstructured, annotations map[string]any, 
 	}
 	b, _ := json.Marshal(obj)
 	return b
+}
+
+// ownedMarks are the rotation marks raysync keeps on a RayService now (a replacement in flight), which
+// an apply for another purpose must carry so as not to give them up.
+func ownedMarks(rs *unstructured.Unstructured) map[string]any {
+	out := map[string]any{}
+	for _, k := range []string{names.RotationStartedAnnotation, names.RotationTargetAnnotation, names.RotationBlockedAnnotation} {
+		if v := metaString(rs, "annotations", k); v != "" {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // mergePatch is a JSON merge patch of annotations and spec fields (nil values delete), with the

@@ -26,7 +26,8 @@ func view(t *testing.T, cfg Config, rc *unstructured.Unstructured, holds bool, o
 	if holds {
 		value = token
 	}
-	tgt := secret(ns, rc.GetName(), map[string]string{"auth_token": value}, ownedBy(rc.GetName()))
+	// raysync wrote the token the cluster runs on (it was born while raysync ran: adopted).
+	tgt := secret(ns, rc.GetName(), map[string]string{"auth_token": value}, ownedBy(rc.GetName()), marked(value, planNow.Add(-6*time.Hour)))
 	tgt.OwnerReferences[0].UID = rc.GetUID()
 	all := append([]func(*ClusterInput){target(tgt), pods(startedPod(rc.GetName()+"-head", rc.GetName(), planNow.Add(-5*time.Hour), headPod)), withRotation}, opts...)
 	in := input(cfg, rc, []*corev1.Secret{sourceSecret(token)}, all...)
@@ -360,16 +361,17 @@ func TestRotationPatches(t *testing.T) {
 	replace := planWave([]clusterView{view(t, cfg, rayCluster("svc-a", ofRayService("svc")), false, owner(rayService("svc")))}, cfg, planNow, nil)
 	checkPlan(t, ClusterPlan{Actions: replace.Actions[:1]}, []Action{PatchRotation{Kind: "RayService", Namespace: ns, Name: "svc", Starts: "replace",
 		Patch: []byte(`{"apiVersion":"ray.io/v1","kind":"RayService","metadata":{"name":"svc","namespace":"ray",
-			"annotations":{"raysync.dev/rotation-started":"` + stamp + `","raysync.dev/rotation-target":"7"}},
+			"annotations":{"raysync.dev/adopted":"` + adoptedAt + `","raysync.dev/rotation-started":"` + stamp + `","raysync.dev/rotation-target":"7"}},
 			"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"annotations":{"raysync.dev/rotation-id":"7-` + fmt.Sprint(planNow.Unix()) + `"}}}}}}}`)}})
-	// Completing keeps the template's value exactly (another value would start another upgrade).
+	// Completing keeps the template's value exactly (another value would start another upgrade), and
+	// raysync's record of adopting the RayService (leaving it out would give it up).
 	rs := rayService("svc", annotated(names.RotationStartedAnnotation, planNow.Add(-time.Minute).Format(time.RFC3339)), annotated(names.RotationTargetAnnotation, "7"),
 		setPath("svc-b", "status", "activeServiceStatus", "rayClusterName"),
 		setPath(map[string]any{names.RotationIDAnnotation: "7-123"}, "spec", "rayClusterConfig", "headGroupSpec", "template", "metadata", "annotations"))
 	b := rayCluster("svc-b", ofRayService("svc"), func(u *unstructured.Unstructured) { u.SetCreationTimestamp(metav1.NewTime(planNow)) })
 	done := planWave([]clusterView{view(t, cfg, b, true, owner(rs))}, cfg, planNow, nil)
 	checkPlan(t, ClusterPlan{Actions: done.Actions[:1]}, []Action{PatchRotation{Kind: "RayService", Namespace: ns, Name: "svc", Completes: time.Minute,
-		Patch: []byte(`{"apiVersion":"ray.io/v1","kind":"RayService","metadata":{"name":"svc","namespace":"ray"},
+		Patch: []byte(`{"apiVersion":"ray.io/v1","kind":"RayService","metadata":{"name":"svc","namespace":"ray","annotations":{"raysync.dev/adopted":"` + adoptedAt + `"}},
 			"spec":{"rayClusterConfig":{"headGroupSpec":{"template":{"metadata":{"annotations":{"raysync.dev/rotation-id":"7-123"}}}}}}}`)}})
 	for _, a := range append(restart.Actions, replace.Actions...) {
 		if p, ok := a.(PatchRotation); ok && strings.Contains(string(p.Patch), token) {

@@ -36,6 +36,8 @@ type sourceView struct {
 	previousRevoked int
 	// pending is the next token (the gateway's pending key), nil when none is configured or valid.
 	pending []byte
+	// control is what the operator's control ConfigMap says (a pause, the namespaces adopted).
+	control control
 }
 
 // source is one configured source Secret as cached, and whether it can be used.
