@@ -42,6 +42,8 @@ type RotationState struct {
 	Kind                  string // RayService, RayJob or RayCluster (standalone)
 	State                 string // names.Token*
 	Since                 time.Time
+	// Invalid: a raysync annotation on the cluster (or its owner) has a value raysync cannot read.
+	Invalid bool
 }
 
 // ClusterRef names a RayCluster.
@@ -56,6 +58,8 @@ type Snapshot struct {
 	Deferred []ClusterRef
 	// Rotations are the clusters whose token raysync manages, by rotation state.
 	Rotations []RotationState
+	// Paused: the control ConfigMap stops the wave (no replacement or restart starts).
+	Paused bool
 	// Now is when the snapshot was taken (ages are measured from it).
 	Now time.Time
 	// Standby: this replica does not lead, so it exports no cluster or source state (the leader does):
@@ -234,6 +238,10 @@ var (
 	rotationClustersDesc = prometheus.NewDesc("raysync_rotation_clusters",
 		"RayClusters by owner kind and token rotation state: current, behind (running on an older token), not_adopted (running on a token raysync did not write, and not adopted: raysync moves nothing of it), rotating (being replaced or restarted), blocked (rotating longer than --rotation-timeout).",
 		[]string{"kind", "state"}, nil)
+	pausedDesc = prometheus.NewDesc("raysync_rotation_paused",
+		"1 while the control ConfigMap stops the wave: no replacement or restart starts (those in flight finish); projection, pull secrets and TLS go on.", nil, nil)
+	invalidDesc = prometheus.NewDesc("raysync_invalid_annotations",
+		"In-scope RayClusters with a raysync annotation (on them or their RayService or RayJob) whose value raysync cannot read; it applies the safest reading (Event InvalidAnnotation).", nil, nil)
 	oldestBehindDesc = prometheus.NewDesc("raysync_rotation_oldest_behind_seconds",
 		"How long the cluster longest behind the current canonical token has been behind (0 when none is).", nil, nil)
 	certExpiryDesc = prometheus.NewDesc("raysync_autoscaler_client_cert_expiry_timestamp_seconds",
@@ -288,6 +296,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- deferredDesc
 	ch <- rotationClustersDesc
 	ch <- oldestBehindDesc
+	ch <- pausedDesc
+	ch <- invalidDesc
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -327,8 +337,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	rotations := map[[2]string]int{}
 	var oldest time.Time
+	invalid := 0
 	for _, r := range s.Rotations {
 		rotations[[2]string{r.Kind, r.State}]++
+		if r.Invalid {
+			invalid++
+		}
 		if (r.State == names.TokenBehind || r.State == names.TokenBlocked) && !r.Since.IsZero() && (oldest.IsZero() || r.Since.Before(oldest)) {
 			oldest = r.Since
 		}
@@ -344,6 +358,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		age = s.Now.Sub(oldest).Seconds()
 	}
 	ch <- c.gauge(oldestBehindDesc, age, 0, [3]string{})
+	ch <- c.gauge(pausedDesc, boolFloat(s.Paused), 0, [3]string{})
+	ch <- c.gauge(invalidDesc, float64(invalid), 0, [3]string{})
 	// Series of clusters gone since the last scrape are dropped: the memory never outgrows the caches.
 	maps.DeleteFunc(c.series, func(_ seriesKey, b *builtSeries) bool { return b.scrape != c.scrape })
 }

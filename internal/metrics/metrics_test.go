@@ -60,8 +60,8 @@ raysync_source_valid{source="sys/token"} 1
 	if v := testutil.ToFloat64(gaugeOf(t, m, "raysync_rotation_clusters", map[string]string{"kind": "RayCluster", "state": "behind"})); v != 1 {
 		t.Errorf("raysync_rotation_clusters{kind=RayCluster,state=behind} = %v, want 1", v)
 	}
-	if n := testutil.CollectAndCount(m.Registry, "raysync_rotation_clusters"); n != 12 {
-		t.Errorf("raysync_rotation_clusters has %d series, want 12 (3 kinds x 4 states, zeros included)", n)
+	if n := testutil.CollectAndCount(m.Registry, "raysync_rotation_clusters"); n != 15 {
+		t.Errorf("raysync_rotation_clusters has %d series, want 15 (3 kinds x 5 states, zeros included)", n)
 	}
 	// A cluster that disappears from the caches leaves no series.
 	snap.Targets = snap.Targets[:1]

@@ -227,6 +227,9 @@ const (
 	// ReasonInvalidAnnotation (Warning, on the RayCluster): a raysync annotation has a value raysync
 	// does not know; it applies the safest reading, which the message names.
 	ReasonInvalidAnnotation = "InvalidAnnotation"
+	// ReasonControlInvalid (Warning, on the control ConfigMap): a value raysync cannot read; the message
+	// says which, and the safe reading applied (paused, or the namespace not adopted).
+	ReasonControlInvalid = "ControlInvalid"
 	// ReasonWriteFailed (Warning, on the RayCluster): an API write raysync planned was refused (a policy
 	// engine, a quota, RBAC); what depends on it waits, the rest of the cluster's plan went on.
 	ReasonWriteFailed = "WriteFailed"

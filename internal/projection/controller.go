@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -263,6 +264,7 @@ func (c *Controller) syncWave(ctx context.Context) error {
 	views := c.gather.views(now)
 	w := planWave(append(views, c.gather.released(now)...), c.cfg, now, c.expected.pending(now))
 	c.expected.observed(w.Observed)
+	c.reportControl(ctx, w)
 	started, err := c.apply.wave(ctx, w)
 	c.expected.add(started, now)
 	if w.RequeueAfter > 0 {
@@ -272,6 +274,29 @@ func (c *Controller) syncWave(ctx context.Context) error {
 		err = errors.Join(err, c.syncGatewayTable(ctx, views, now))
 	}
 	return err
+}
+
+// reportControl says, once per change, what the control ConfigMap does to the wave: paused (and how
+// many units it holds back) or resumed, and a value raysync cannot read (a log line and a Warning
+// Event on the ConfigMap).
+func (c *Controller) reportControl(ctx context.Context, w wavePlan) {
+	if c.reported.changed("paused", fmt.Sprint(w.Paused)) {
+		if w.Paused {
+			c.log.Warn("the control ConfigMap pauses the wave: no replacement or restart starts; those in flight finish",
+				zap.String("control", c.cfg.Control.String()), zap.Int("held", w.Held))
+		} else if c.cfg.Control.Name != "" {
+			c.log.Info("the wave is not paused", zap.String("control", c.cfg.Control.String()))
+		}
+	}
+	cm := c.caches.Control()
+	problems := strings.Join(readControl(cm).problems, "; ")
+	if !c.reported.changed("control", problems) || problems == "" {
+		return
+	}
+	c.log.Warn("the control ConfigMap has values raysync cannot read: it applies the safe reading", zap.String("control", c.cfg.Control.String()),
+		zap.String("problems", problems))
+	_ = c.apply.do(ctx, informer.Key{Kind: informer.WaveKey}, nil, RecordEvent{Object: cm, Type: corev1.EventTypeWarning,
+		Reason: names.ReasonControlInvalid, Message: problems}, c.log)
 }
 
 // syncGatewayTable plans the gateway's table and makes the published Secret hold it, decided from the

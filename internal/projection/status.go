@@ -37,6 +37,30 @@ type driftMemo struct {
 	scrape          uint64 // the last scrape that used it
 }
 
+// ControlStatus is what the control ConfigMap says, as `syncer status` reports it.
+type ControlStatus struct {
+	Paused bool       `json:"paused"`
+	Reason string     `json:"reason,omitempty"`
+	Since  *time.Time `json:"pausedSince,omitempty"`
+	// AdoptAll and Adopt are the namespaces adopted as a whole.
+	AdoptAll bool     `json:"adoptAll,omitempty"`
+	Adopt    []string `json:"adoptNamespaces,omitempty"`
+	// Problems are values raysync cannot read, each with the reading it applied.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Control reads the control ConfigMap.
+func (r *Reporter) Control() ControlStatus { return controlStatus(readControl(r.gather.caches.Control())) }
+
+func controlStatus(c control) ControlStatus {
+	out := ControlStatus{Paused: c.paused, Reason: c.reason, AdoptAll: c.adoptAll, Adopt: slices.Sorted(maps.Keys(c.adopt)), Problems: c.problems}
+	if !c.since.IsZero() {
+		since := c.since.UTC()
+		out.Since = &since
+	}
+	return out
+}
+
 // NewReporter reports over caches without a controller (`syncer status`).
 func NewReporter(caches *informer.Caches, cfg Config) *Reporter {
 	return &Reporter{gather: &gatherer{caches: caches, cfg: cfg.withDefaults(), memory: newMemory()}, now: time.Now}
@@ -111,7 +135,8 @@ func (r *Reporter) Snapshot() metrics.Snapshot {
 		}
 	}
 	snap := metrics.Snapshot{Sources: sources, Targets: make([]metrics.TargetState, 0, targets),
-		StalePods: make([]metrics.StalePods, 0, stale), Rotations: make([]metrics.RotationState, 0, rotations), Now: r.now()}
+		StalePods: make([]metrics.StalePods, 0, stale), Rotations: make([]metrics.RotationState, 0, rotations), Now: r.now(),
+		Paused: r.Control().Paused}
 	for _, st := range clusters {
 		for _, t := range []struct {
 			kind  names.Kind
@@ -132,7 +157,8 @@ func (r *Reporter) Snapshot() metrics.Snapshot {
 			if owner == "" {
 				owner = names.OwnerRayCluster
 			}
-			rs := metrics.RotationState{Namespace: st.Namespace, RayCluster: st.RayCluster, Kind: string(owner), State: st.Rotation.State}
+			rs := metrics.RotationState{Namespace: st.Namespace, RayCluster: st.RayCluster, Kind: string(owner), State: st.Rotation.State,
+				Invalid: len(st.Rotation.Invalid) > 0}
 			if st.Rotation.Since != nil {
 				rs.Since = *st.Rotation.Since
 			}

@@ -61,7 +61,8 @@ func (x *cli) exit(cmd *cobra.Command, err error) int {
 const rootLong = `syncer is raysync: it gives every in-scope RayCluster the canonical token from one Secret, moves running
 clusters to a new token only as a whole (a replacement or a restart, paced across the fleet), and keeps pull
 secrets and the autoscaler's client certificate on Ray pods. Without a command it runs the controller (what
-the chart's Deployment runs); the commands below are for people (status, rotate, uninstall, revoke-previous),
+the chart's Deployment runs); the commands below are for people (status, rotate, adopt, pause, resume,
+uninstall, revoke-previous),
 the gateway's own process (gateway) and shell completion.
 
 Which cluster it talks to: --kubeconfig when given; else the in-cluster config when KUBERNETES_SERVICE_HOST
@@ -74,16 +75,20 @@ pull secret, the client certificate, the ledger, the gateway's table, the webhoo
 source's copy in a watched namespace: raysync would overwrite one with the other), and a flag given a value
 that would change nothing because what it configures is off (--webhook-dns-names without --webhook-addr,
 --gateway-grace without --gateway-table, ...): raysync never accepts and ignores a flag. For the same
-reason the one-shot commands (status, rotate, uninstall, revoke-previous) refuse the controller's own flags
+reason the one-shot commands (status, rotate, adopt, pause, resume, uninstall, revoke-previous) refuse the
+controller's own flags
 (its servers, leader election, workers, logs, webhook, --prune): they take those that say what raysync
 manages, where its objects are and how to reach the API, and inside raysync's container they inherit just
 those from the running raysync. Flags take --flag value or --flag=value, before or after a command's
 arguments ("--" ends them).`
 
 const statusLong = `Reports, read-only, whether every in-scope RayCluster is in sync: every cluster's targets, rotation state
-and stale pods, every source's validity and expiry. Exit 0 in sync; 1 not: a target out of sync, not owned
-or missing, a stale pod, a source invalid, a cluster behind or blocked (also a cluster held behind on
-purpose, by the hold or gateway policy: see "What to alert on" in the monitoring guide); 2 error.
+and stale pods, every source's validity and expiry, the clusters raysync did not adopt (with what adopting
+them would do and the capacity that needs), and whether the wave is paused. Exit 0 in sync; 1 not: a target
+out of sync, not owned or missing, a stale pod, a source invalid, a cluster behind, not adopted or blocked
+(also a cluster held behind on purpose, by the hold or gateway policy: see "What to alert on" in the
+monitoring guide), the wave paused, or a control ConfigMap value raysync cannot read; 2 error. Right after
+installing into a running fleet, exit 1 is expected: its clusters run on KubeRay's tokens, not adopted.
 
 It takes the syncer's flags: those that say what raysync manages matter here, and -n (raysync's namespace)
 with --name finds its rotation ledger. Run in raysync's own container
@@ -205,7 +210,38 @@ func (x *cli) command() *cobra.Command {
 		Example:     `  kubectl -n raysync exec deploy/raysync -- /syncer revoke-previous --dry-run`,
 	}, revokeCommand, nil, func(c *config, _ []string) int { return runRevoke(c, x.stdout, x.stderr) })
 
-	root.AddCommand(status, rotate, uninstall, revoke, x.gatewayCommand(), completionCommand(), x.versionCommand())
+	adopt := x.syncerCommand(&cobra.Command{
+		Use:         adoptCommand + " TARGET... | --all",
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "let raysync move clusters that run on a token it did not write (say what that does first)",
+		Long:        adoptLong,
+		Example: `  kubectl -n raysync exec deploy/raysync -- /syncer adopt --all --dry-run
+  kubectl -n raysync exec deploy/raysync -- /syncer adopt rayservice/ml-team/inference
+  kubectl -n raysync exec deploy/raysync -- /syncer adopt namespace/ml-team`,
+		Args: cobra.ArbitraryArgs,
+	}, adoptCommand, func(fs *pflag.FlagSet, c *config) {
+		fs.BoolVar(&c.all, "all", false, "every cluster in scope, and those created later (the control ConfigMap's adopt: all)")
+	}, func(c *config, targets []string) int { return runAdopt(c, targets, x.stdout, x.stderr) })
+
+	pause := x.syncerCommand(&cobra.Command{
+		Use:         pauseCommand,
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "stop raysync from starting any further replacement or restart, now (syncer resume continues)",
+		Long:        pauseLong,
+		Example:     `  kubectl -n raysync exec deploy/raysync -- /syncer pause --reason "wrong token rolled out, INC-1234"`,
+	}, pauseCommand, func(fs *pflag.FlagSet, c *config) {
+		fs.StringVar(&c.reason, "reason", "", "why (shown by syncer status)")
+	}, func(c *config, _ []string) int { return runPause(c, true, x.stdout, x.stderr) })
+
+	resume := x.syncerCommand(&cobra.Command{
+		Use:         resumeCommand,
+		Annotations: map[string]string{inheritsAnnotation: "true"},
+		Short:       "let raysync start replacements and restarts again after syncer pause",
+		Long:        resumeLong,
+		Example:     `  kubectl -n raysync exec deploy/raysync -- /syncer resume`,
+	}, resumeCommand, nil, func(c *config, _ []string) int { return runPause(c, false, x.stdout, x.stderr) })
+
+	root.AddCommand(status, rotate, adopt, pause, resume, uninstall, revoke, x.gatewayCommand(), completionCommand(), x.versionCommand())
 	return root
 }
 

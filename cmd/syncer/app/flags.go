@@ -59,6 +59,7 @@ type config struct {
 	allowRecreate  bool
 
 	rotationLedger        types.NamespacedName
+	control               types.NamespacedName
 	rotationPolicies      map[names.OwnerKind]string
 	maxConcurrentRotation int
 	rotationTimeout       time.Duration
@@ -72,7 +73,10 @@ type config struct {
 
 	// Subcommands' own flags.
 	output string // status: table or json
-	all    bool   // rotate: every cluster behind
+	all    bool   // rotate: every cluster behind; adopt: every cluster in scope
+	// adopt: the namespaces adopted as a whole; pause: why
+	adoptNamespaces []string
+	reason          string
 	yes    bool   // uninstall: do it (default: only say what it would do)
 }
 
@@ -93,6 +97,7 @@ type rawFlags struct {
 	pullSecrets                      []string
 	autoscalerTLS, apiServer         string
 	ledger                           string
+	control                          string
 	policyService, policyCluster     string
 	policyJob                        string
 	webhookCertSecret, webhookDNS    string
@@ -132,7 +137,7 @@ var controllerOnly = map[string][]string{
 	"webhook-dns-names":              nil,
 	"webhook-ips":                    nil,
 	"webhook-cert-validity":          nil,
-	"dry-run":                        {rotateCommand, revokeCommand, uninstallCommand}, // status writes nothing anyway
+	"dry-run":                        {rotateCommand, revokeCommand, uninstallCommand, adoptCommand, pauseCommand, resumeCommand}, // status writes nothing anyway
 }
 
 // takes says whether command ("" the controller) takes the syncer's flag.
@@ -182,6 +187,7 @@ func defineSyncerFlags(fs *pflag.FlagSet, c *config, r *rawFlags, getenv func(st
 	fs.BoolVar(&c.recyclePending, "recycle-pending-pods", true, "delete Ray pods that never started and lack raysync's entries, so KubeRay recreates them")
 	fs.BoolVar(&c.prune, "prune", true, "delete raysync-managed copies no RayCluster references any more")
 	fs.BoolVar(&c.allowRecreate, "allow-recreate", false, "patch templates of upgradeStrategy Recreate clusters even when that restarts running pods")
+	fs.StringVar(&r.control, "control", "", "ConfigMap NAMESPACE/NAME an operator pauses the wave (paused: \"true\") and adopts namespaces (adopt: \"all\" or namespaces) with; raysync reads it, never writes it (default <raysync's namespace, else the source's>/<name>-control; \"-\": none)")
 	fs.StringVar(&r.ledger, "rotation-ledger", "", "Secret NAMESPACE/NAME numbering the canonical tokens raysync has seen (default <raysync's namespace, else the source's>/<name>-rotations)")
 	fs.StringVar(&r.policyService, "rotation-policy-rayservice", projection.DefaultPolicies[names.OwnerRayService], "how a RayService's running cluster moves to a new token: replace, restart, hold or gateway (gateway: only with --gateway-table); the annotation raysync.dev/rotation on an object overrides")
 	fs.StringVar(&r.policyCluster, "rotation-policy-raycluster", projection.DefaultPolicies[""], "the same for a standalone RayCluster")
@@ -370,6 +376,17 @@ func (c *config) validate(r *rawFlags) error {
 	default:
 		c.rotationLedger = types.NamespacedName{Namespace: c.authSource.Namespace, Name: c.name + "-rotations"}
 	}
+	switch {
+	case r.control == "-":
+	case r.control != "":
+		if c.control, err = parseNamespacedName("--control", r.control); err != nil {
+			return err
+		}
+	case c.leaderElectionNS != "":
+		c.control = types.NamespacedName{Namespace: c.leaderElectionNS, Name: c.name + "-control"}
+	default:
+		c.control = types.NamespacedName{Namespace: c.authSource.Namespace, Name: c.name + "-control"}
+	}
 	c.noPrecreate = !r.precreate
 	if err := c.webhook.parse(r, c); err != nil {
 		return err
@@ -518,6 +535,7 @@ func (c *config) projection() projection.Config {
 		Ledger:      c.rotationLedger,
 		NoPrecreate: c.noPrecreate,
 		Gateway:     c.gateway,
+		Control:     c.control,
 	}
 	if c.clusterSelector != "" {
 		pc.ClusterSelector, _ = labels.Parse(c.clusterSelector) // validated by parseFlags

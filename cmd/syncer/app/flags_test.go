@@ -180,7 +180,7 @@ func TestOneShotCommandsRefuseControllerOnlyFlags(t *testing.T) {
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091", "--drain-delay=5s", "--log-format=console", "--log-level=debug",
 		"--prune=false", "--webhook-addr=:9443", "--webhook-cert-dir=/tls", "--webhook-configuration=x", "--webhook-dns-names=a.b",
 		"--webhook-ips=127.0.0.1", "--webhook-cert-validity=48h"}
-	for _, cmd := range []string{statusCommand, rotateCommand, uninstallCommand, revokeCommand} {
+	for _, cmd := range []string{statusCommand, rotateCommand, adoptCommand, pauseCommand, resumeCommand, uninstallCommand, revokeCommand} {
 		for _, flag := range refused {
 			if _, _, err := parseCommand(cmd, append(scope, flag), env); err == nil || !strings.Contains(err.Error(), "is a flag of the controller that syncer "+cmd+" does not take") {
 				t.Errorf("syncer %s %s: %v, want it refused", cmd, flag, err)

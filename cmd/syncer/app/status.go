@@ -32,6 +32,10 @@ type statusReport struct {
 	InSync   bool                       `json:"inSync"`
 	Sources  []statusSource             `json:"sources"`
 	Clusters []projection.ClusterStatus `json:"clusters"`
+	// Control is what the control ConfigMap says: the wave paused, namespaces adopted.
+	Control projection.ControlStatus `json:"control"`
+	// NotAdopted says what adopting every cluster not adopted would do ("" when none is).
+	NotAdopted string `json:"notAdopted,omitempty"`
 }
 
 type statusSource struct {
@@ -95,7 +99,8 @@ func collectStatus(cfg *config) (*statusReport, error) {
 	if !caches.WaitForSync(ctx.Done()) {
 		return nil, errors.New("could not list RayClusters, Secrets and Pods within 60s (check --kubeconfig and RBAC)")
 	}
-	srcStates, clusters := projection.NewReporter(caches, cfg.projection()).Status()
+	reporter := projection.NewReporter(caches, cfg.projection())
+	srcStates, clusters := reporter.Status()
 	sort.Slice(clusters, func(i, j int) bool {
 		if clusters[i].Namespace != clusters[j].Namespace {
 			return clusters[i].Namespace < clusters[j].Namespace
@@ -112,9 +117,19 @@ func collectStatus(cfg *config) (*statusReport, error) {
 		report.Sources = append(report.Sources, ss)
 		report.InSync = report.InSync && s.Valid
 	}
+	var as []adoption
 	for _, c := range clusters {
 		report.InSync = report.InSync && c.InSync()
+		if c.Rotation != nil && c.Rotation.State == names.TokenNotAdopted {
+			as = append(as, adoptionOf(c))
+		}
 	}
+	if len(as) > 0 {
+		report.NotAdopted = "not adopted (raysync moves nothing of them until adopted: syncer adopt --dry-run): adopting all would move " +
+			capacity(as, cfg.maxConcurrentRotation)
+	}
+	report.Control = reporter.Control()
+	report.InSync = report.InSync && !report.Control.Paused && len(report.Control.Problems) == 0
 	return report, nil
 }
 
@@ -127,6 +142,9 @@ func rotationColumn(r *projection.RotationStatus, now time.Time) string {
 		return r.State
 	}
 	out := r.State
+	if r.State == names.TokenNotAdopted {
+		out = "not adopted"
+	}
 	if r.Since != nil {
 		out += " " + now.Sub(*r.Since).Round(time.Second).String()
 	}
@@ -177,5 +195,15 @@ func printStatus(w io.Writer, r *statusReport) {
 	_ = tw.Flush()
 	if len(r.Clusters) == 0 {
 		fmt.Fprintln(w, "(no RayClusters in scope)")
+	}
+	if r.NotAdopted != "" {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, r.NotAdopted)
+	}
+	if lines := controlLines(r.Control, r.Now); len(lines) > 0 {
+		fmt.Fprintln(w)
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
 	}
 }
