@@ -71,7 +71,7 @@ func renderedAlerts(t *testing.T, behindSeconds string) []byte {
 		t.Fatal(err)
 	}
 	all := strings.TrimSuffix(string(rules), "\n") + "\n" + string(gw)
-	all = strings.NewReplacer("__JOB__", "raysync-metrics", "__GATEWAY_JOB__", "raysync-gateway", "__BEHIND_SECONDS__", behindSeconds).Replace(all)
+	all = strings.NewReplacer("__JOB__", "raysync-metrics", "__GATEWAY_JOB__", "raysync-gateway", "__BEHIND_SECONDS__", behindSeconds, "__PAUSED_FOR__", "2h").Replace(all)
 	// As templates/prometheusrule.yaml does with prometheusRule.runbookURL = https://docs.example/raysync/runbooks/{alert}/.
 	return []byte(runbookPlaceholder.ReplaceAllString(all, "https://docs.example/raysync/runbooks/${1}/"))
 }

@@ -210,3 +210,13 @@ func TestOneShotCommandsRefuseControllerOnlyFlags(t *testing.T) {
 		t.Errorf("uninstall: %v; lease %s, certificate %v", err, c.leaseDuration, c.webhook.certSecret)
 	}
 }
+
+// A policy flag that cannot take effect is refused at start, not documented as a fallback.
+func TestPoliciesThatCannotTakeEffectAreRefused(t *testing.T) {
+	for _, flag := range []string{"--rotation-policy-rayservice=restart", "--rotation-policy-raycluster=replace", "--rotation-policy-rayjob=replace"} {
+		if _, err := parseFlags([]string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--leader-elect=false", flag}, func(string) string { return "" }); err == nil ||
+			!strings.Contains(err.Error(), "cannot take effect") {
+			t.Errorf("%s: %v, want it refused", flag, err)
+		}
+	}
+}
