@@ -244,7 +244,7 @@ func deploymentArgs(dep *appsv1.Deployment) (run []string) {
 	return run
 }
 
-// TestDocsQuickStart runs the README's and docs' quick start (steps 2-5) as written, on a control plane
+// TestDocsQuickStart runs the README's and docs' quick start (steps 2-6) as written, on a control plane
 // of its own (it uses the docs' namespace names): create the token, helm install, check, compare digests.
 func TestDocsQuickStart(t *testing.T) {
 	if len(controlPlanes) == 0 || controlPlanes[0].External {
@@ -262,8 +262,8 @@ func TestDocsQuickStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	blocks := docsBlocks(t, "getting-started/helm.md", "quickstart")
-	if len(blocks) != 5 {
-		t.Fatalf("the quick start has %d marked blocks, want its 5 steps", len(blocks))
+	if len(blocks) != 6 {
+		t.Fatalf("the quick start has %d marked blocks, want its 6 steps", len(blocks))
 	}
 	if !docsPublishStep.MatchString(blocks[0]) {
 		t.Fatalf("step 1 no longer publishes to a registry: %s", blocks[0])
@@ -288,9 +288,12 @@ func TestDocsQuickStart(t *testing.T) {
 	env.WaitSecret("ml-team", kuberay.CheckName(rc.GetName()), time.Minute, holds(token))
 	sum := sha256.Sum256([]byte(token))
 	digest := hex.EncodeToString(sum[:8])
-	out := sh.run(blocks[4])
+	if out := sh.run(blocks[4]); !strings.Contains(out, "(dry run: nothing changed)") || !strings.Contains(out, "adopted in raysync/raysync-control: adopt=all") {
+		t.Errorf("step 5 did not preview, then adopt:\n%s", out)
+	}
+	out := sh.run(blocks[5])
 	if strings.Count(out, digest) != 2 {
-		t.Errorf("step 5 should show the cluster's digest and the canonical token's, both the canonical token's:\n%s", sh.redact(out))
+		t.Errorf("step 6 should show the cluster's digest and the canonical token's, both the canonical token's:\n%s", sh.redact(out))
 	}
 }
 
@@ -442,7 +445,8 @@ func TestDocsRunbooksRun(t *testing.T) {
 	sum := sha256.Sum256([]byte(token))
 	digest := hex.EncodeToString(sum[:8])
 
-	vars := []string{"NS=" + rel, "RELEASE=" + fullname, "CNS=" + cns, "CLUSTER=c1", "SECRET=c1", "SRC_NS=" + src, "SRC=ray-token", "RAY_AUTH_TOKEN=" + token}
+	vars := []string{"NS=" + rel, "RELEASE=" + fullname, "CNS=" + cns, "CLUSTER=c1", "SECRET=c1", "SRC_NS=" + src, "SRC=ray-token", "RAY_AUTH_TOKEN=" + token,
+		"PREVIOUS_TOKEN=" + token} // wrong-token.md puts "the previous token" back: here the one in place
 	pages := map[string]struct {
 		shows   []string // what the page's commands print, together
 		allowed []string // errors the harness gives where a cluster would not
@@ -452,6 +456,9 @@ func TestDocsRunbooksRun(t *testing.T) {
 		"raysyncautoscalercertexpiringsoon.md": {shows: []string{"notAfter="},
 			allowed: []string{`the server doesn't have a resource type "certificate"`}}, // no cert-manager here
 		"raysyncclustersbehind.md": {},
+		"raysyncrotationpaused.md": {shows: []string{"SOURCE"}},
+		"stop-the-wave.md":         {shows: []string{"paused:", "PAUSED", "wave stopped", "resumed"}},
+		"wrong-token.md":           {shows: []string{"paused:", "secret/ray-token replaced", "resumed"}},
 		"raysyncdown.md": {shows: []string{"Name:", fullname},
 			allowed: []string{"previous terminated container"}}, // a raysync that never restarted
 		"raysyncgatewaydown.md":                 {shows: []string{fullname + "-gateway", "gateway"}},
