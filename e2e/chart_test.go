@@ -244,8 +244,8 @@ func TestChartWebhook(t *testing.T) {
 		for _, w := range whs {
 			m[w.(map[string]any)["name"].(string)] = w.(map[string]any)
 		}
-		if len(m) != 2 {
-			t.Fatalf("webhooks %v, want pods.raysync.dev and secrets.raysync.dev", slices.Collect(maps.Keys(m)))
+		if len(m) != 3 { // rendered with a pull secret: a RayJob's submitter pods too
+			t.Fatalf("webhooks %v, want pods.raysync.dev, submitters.raysync.dev and secrets.raysync.dev", slices.Collect(maps.Keys(m)))
 		}
 		return m
 	}
@@ -270,6 +270,9 @@ func TestChartWebhook(t *testing.T) {
 				"pods.raysync.dev": {"/mutate-pods", "pods", asJSON(map[string]any{
 					"matchLabels":      map[string]any{"app.kubernetes.io/created-by": "kuberay-operator"},
 					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}}), "None"},
+				// a RayJob's submitter: a Job's pod, with no KubeRay label
+				"submitters.raysync.dev": {"/mutate-pods", "pods", asJSON(map[string]any{
+					"matchExpressions": []any{map[string]any{"key": "batch.kubernetes.io/job-name", "operator": "Exists"}}}), "None"},
 				// raysync creates the cluster's auth Secret itself (never on a dry-run request)
 				"secrets.raysync.dev": {"/mutate-secrets", "secrets", asJSON(map[string]any{
 					"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}}), "NoneOnDryRun"},

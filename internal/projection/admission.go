@@ -74,13 +74,14 @@ func (c *Controller) Admitter() *Admitter {
 // caches to show it: KubeRay creates a cluster's Secret and pods moments after the cluster itself. A
 // request naming a cluster the caches hold under another UID waits as long as one naming no cluster,
 // so that an unauthenticated caller learns nothing from the answer's timing about which names exist.
+// uid "" takes the cluster of that name whatever its UID (a RayJob's, named by the RayJob's status).
 func (a *Admitter) cluster(ctx context.Context, ns, name string, uid types.UID) (*unstructured.Unstructured, string) {
 	if name == "" {
 		return nil, "no ray.io/cluster label"
 	}
 	deadline := time.Now().Add(a.Wait)
 	for {
-		if rc, ok := a.gather.caches.RayCluster(ns, name); ok && rc.GetUID() == uid {
+		if rc, ok := a.gather.caches.RayCluster(ns, name); ok && (rc.GetUID() == uid || uid == "") {
 			if !a.gather.cfg.InScope(rc) {
 				return nil, "RayCluster not in scope"
 			}
@@ -106,6 +107,9 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtem
 		return nil, names.AdmitInvalid, "pod is not a JSON object with readable metadata"
 	}
 	owner := metav1.GetControllerOfNoCopy(&head.Metadata)
+	if owner != nil && owner.Kind == "Job" && strings.HasPrefix(owner.APIVersion, "batch/") {
+		return a.submitter(ctx, ns, owner.Name, raw)
+	}
 	if owner == nil || owner.Kind != kuberay.RayClusterGVK.Kind {
 		return nil, names.AdmitSkipped, "pod not controlled by a RayCluster"
 	}
@@ -125,6 +129,42 @@ func (a *Admitter) Pod(ctx context.Context, ns string, raw []byte) (ops []podtem
 	in := a.gather.cluster(rc, a.sources(now), now)
 	tc, _, _ := podTemplateConfig(in, &ClusterPlan{}, nil)
 	ops, err := podtemplate.PodPatch(pod, tc, podtemplate.Autoscaling(rc))
+	switch {
+	case err != nil:
+		return nil, names.AdmitInvalid, err.Error()
+	case len(ops) == 0:
+		return nil, names.AdmitUnchanged, ""
+	}
+	return ops, names.AdmitMutated, ""
+}
+
+// submitter decides the patch for a pod of a Job named job: a RayJob's submitter in K8sJobMode (the
+// default) runs the Ray image in a Job's pod that KubeRay names after the RayJob and gives no pull
+// secret (its default template has none, whatever the head's). It gets the pull secrets of the
+// RayJob's cluster (the autoscaler's certificate is the head's alone). A Job that is no in-scope
+// RayJob's is left alone.
+func (a *Admitter) submitter(ctx context.Context, ns, job string, raw []byte) ([]podtemplate.PatchOp, string, string) {
+	rj, ok := a.gather.caches.RayJob(ns, job)
+	if !ok {
+		return nil, names.AdmitSkipped, "Job pod of no RayJob in raysync's cache"
+	}
+	if mode, _, _ := unstructured.NestedString(rj.Object, "spec", "submissionMode"); mode != "" && mode != "K8sJobMode" {
+		return nil, names.AdmitSkipped, "RayJob not in K8sJobMode: it has no submitter pod"
+	}
+	cluster, _, _ := unstructured.NestedString(rj.Object, "status", "rayClusterName")
+	rc, why := a.cluster(ctx, ns, cluster, "")
+	if rc == nil {
+		return nil, names.AdmitSkipped, "submitter: " + why
+	}
+	var pod map[string]any
+	if err := json.Unmarshal(raw, &pod); err != nil {
+		return nil, names.AdmitInvalid, "pod is not a JSON object"
+	}
+	now := a.now()
+	in := a.gather.cluster(rc, a.sources(now), now)
+	tc, _, _ := podTemplateConfig(in, &ClusterPlan{}, nil)
+	tc.TLS = nil
+	ops, err := podtemplate.PodPatch(pod, tc, false)
 	switch {
 	case err != nil:
 		return nil, names.AdmitInvalid, err.Error()

@@ -308,3 +308,46 @@ func TestForgedReviewGetsNoToken(t *testing.T) {
 		}
 	}
 }
+
+// A RayJob's submitter in K8sJobMode (the default) runs the Ray image in a Job's pod that KubeRay
+// names after the RayJob and gives no pull secret: the webhook gives it the pull secrets of the RayJob's
+// cluster, never the autoscaler's certificate; a Job no in-scope RayJob explains, and a RayJob in
+// another mode (no submitter pod), are left alone.
+func TestAdmitSubmitterPod(t *testing.T) {
+	job := func(name, mode string) *unstructured.Unstructured {
+		spec := map[string]any{"entrypoint": "python x.py"}
+		if mode != "" {
+			spec["submissionMode"] = mode
+		}
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayJob",
+			"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name}, "spec": spec,
+			"status": map[string]any{"rayClusterName": "c1"}}}
+	}
+	submitter := func(jobName string) []byte {
+		b, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod",
+			"metadata": map[string]any{"generateName": jobName + "-", "labels": map[string]any{"batch.kubernetes.io/job-name": jobName},
+				"ownerReferences": []any{map[string]any{"apiVersion": "batch/v1", "kind": "Job", "name": jobName, "uid": "uid-job", "controller": true}}},
+			"spec": map[string]any{"containers": []any{map[string]any{"name": "ray-job-submitter", "image": "registry.example/ray:1"}}}})
+		return b
+	}
+	pull := []podtemplate.PatchOp{{Op: "add", Path: "/spec/imagePullSecrets", Value: []any{map[string]any{"name": "regcred"}}}}
+	for name, tc := range map[string]struct {
+		job    *unstructured.Unstructured
+		pod    []byte
+		want   []podtemplate.PatchOp
+		result string
+	}{
+		"the default mode: pull secrets, no certificate": {job: job("j1", ""), pod: submitter("j1"), want: pull, result: names.AdmitMutated},
+		"K8sJobMode":                                     {job: job("j1", "K8sJobMode"), pod: submitter("j1"), want: pull, result: names.AdmitMutated},
+		"a Job no RayJob explains":                       {job: job("j1", ""), pod: submitter("other"), result: names.AdmitSkipped},
+		"HTTPMode: no submitter pod":                     {job: job("j1", "HTTPMode"), pod: submitter("j1"), result: names.AdmitSkipped},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := admissionHarness(t, []*unstructured.Unstructured{rayCluster("c1", autoscaling), tc.job})
+			ops, result, reason := a.Pod(context.Background(), ns, tc.pod)
+			if diff := cmp.Diff(tc.want, ops); diff != "" || result != tc.result {
+				t.Errorf("result %s (%s), patch (-want +got):\n%s", result, reason, diff)
+			}
+		})
+	}
+}

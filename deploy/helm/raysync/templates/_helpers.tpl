@@ -92,9 +92,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]
+# delete: a pod whose container may have read the token its Secret held before raysync's write (recycled
+# so that KubeRay recreates it on the canonical one), and, with pull secrets or the autoscaler's TLS, a
+# pending pod created without them.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"{{ if and (or .Values.pullSecrets .Values.autoscalerTLS.secret) .Values.recyclePendingPods }}, "delete"{{ end }}]
+  verbs: ["list", "watch", "delete"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
