@@ -244,10 +244,13 @@ const (
 	AbandonTimeout = "timeout"
 	// AbandonUnmanaged: raysync no longer manages the cluster (out of scope, skipped, no token auth).
 	AbandonUnmanaged = "unmanaged"
+	// AbandonNoNewCluster: a replacement whose RayService started no new cluster (KubeRay's zero-downtime
+	// upgrade is off: ENABLE_ZERO_DOWNTIME=false, the incremental upgrade's gate, the RayService suspended).
+	AbandonNoNewCluster = "no_new_cluster"
 )
 
-// AbandonReasons lists every reason a restart is abandoned.
-var AbandonReasons = []string{AbandonCannotMove, AbandonTimeout, AbandonUnmanaged}
+// AbandonReasons lists every reason a replacement or restart is abandoned.
+var AbandonReasons = []string{AbandonCannotMove, AbandonTimeout, AbandonUnmanaged, AbandonNoNewCluster}
 
 // TLSVolumeName is the head pod volume raysync adds for the autoscaler's client certificate.
 const TLSVolumeName = "raysync-autoscaler-tls"

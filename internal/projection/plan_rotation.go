@@ -90,9 +90,24 @@ func moveOf(in *ClusterInput, t TokenTarget) (move, cannot string) {
 		return "", "its RayService is not in raysync's cache"
 	case upgradeStrategy(in.Owner) == "None":
 		return "", "its RayService has upgradeStrategy None: KubeRay would not start a new cluster"
+	case !slices.Contains(knownUpgradeStrategies, upgradeStrategy(in.Owner)):
+		return "", "its RayService has upgradeStrategy " + upgradeStrategy(in.Owner) + ", which raysync does not know: it starts no replacement KubeRay may not finish"
 	}
 	return names.PolicyReplace, ""
 }
+
+// The RayService upgrade strategies raysync can start a replacement with: KubeRay's default (none
+// given, or NewCluster: a blue-green switch) and its incremental upgrade (held unless asked for: see
+// policyOf). None starts no new cluster; any other raysync does not know.
+const incrementalUpgrade = "NewClusterWithIncrementalUpgrade"
+
+var knownUpgradeStrategies = []string{"", "NewCluster", incrementalUpgrade, "None"}
+
+// replacementStartTimeout: a replacement whose RayService shows no new cluster by then will not get one
+// (KubeRay's zero-downtime upgrade is off: the operator's ENABLE_ZERO_DOWNTIME=false, the incremental
+// upgrade's feature gate off, or the RayService suspended). raysync gives it up (RotationAbandoned)
+// instead of holding a slot of the wave until --rotation-timeout.
+const replacementStartTimeout = 2 * time.Minute
 
 // policyOf is the cluster's rotation policy and, when it cannot apply, why it falls back to hold. An
 // annotation value raysync cannot read is reported (invalid) and read as hold, the safest policy.
@@ -114,6 +129,14 @@ func policyOf(in *ClusterInput, opts RotationOptions, move, cannot string) (poli
 		return names.PolicyHold, cannot, ""
 	case policy == names.PolicyReplace && move != names.PolicyReplace:
 		return names.PolicyHold, "only a RayService can replace its cluster", ""
+	case policy == names.PolicyReplace && upgradeStrategy(in.Owner) == incrementalUpgrade && !asksFor(in, names.PolicyReplace):
+		return names.PolicyHold, "its RayService upgrades incrementally (" + incrementalUpgrade + "): KubeRay moves traffic only with its " +
+			"RayServiceIncrementalUpgrade gate on and a Gateway controller, old and new clusters serving a weighted mix of tokens meanwhile; " +
+			"annotate " + names.RotationAnnotation + "=replace to let raysync start it, or `syncer rotate` it", ""
+	case policy == names.PolicyReplace && abandonedFor(in.Owner, in.Sources.rotation.Name()):
+		return names.PolicyHold, "KubeRay started no new cluster for rotation " + in.Sources.rotation.Name() + " within " + replacementStartTimeout.String() +
+			" (Event " + names.ReasonRotationAbandoned + "): its zero-downtime upgrade is off (the operator's ENABLE_ZERO_DOWNTIME=false, the incremental " +
+			"upgrade's gate, or the RayService suspended); `syncer rotate` tries again, and the next rotation replaces it", ""
 	case policy == names.PolicyRestart && move != names.PolicyRestart:
 		return names.PolicyHold, "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end", ""
 	case policy == names.PolicyRestart && abandonedFor(rc, in.Sources.rotation.Name()):
@@ -165,9 +188,17 @@ func adoptionOf(in *ClusterInput, t TokenTarget) (adopted bool, invalid string) 
 	return false, invalid
 }
 
-// abandonedFor: raysync gave up a restart of rc for rotation (and resumed the cluster).
+// abandonedFor: raysync gave up a restart of rc (and resumed it), or a replacement of the RayService
+// rc, for rotation.
 func abandonedFor(rc *unstructured.Unstructured, rotation string) bool {
-	return rotation != "" && metaString(rc, "annotations", names.RotationAbandonedAnnotation) == rotation
+	return rc != nil && rotation != "" && metaString(rc, "annotations", names.RotationAbandonedAnnotation) == rotation
+}
+
+// asksFor: the cluster (or its RayService or RayJob, which copy theirs onto it at creation) is
+// annotated with policy.
+func asksFor(in *ClusterInput, policy string) bool {
+	return metaString(in.Cluster, "annotations", names.RotationAnnotation) == policy ||
+		in.Owner != nil && metaString(in.Owner, "annotations", names.RotationAnnotation) == policy
 }
 
 // standingOf says where a cluster whose target holds (or, reading the source itself, was started

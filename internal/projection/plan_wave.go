@@ -95,8 +95,10 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 		}
 		age := now.Sub(started)
 		if cfg.Rotation.Timeout > 0 && age > cfg.Rotation.Timeout {
-			if metaString(u.obj, "annotations", names.RotationTargetAnnotation) == cur.Name() {
-				w.Blocked = true // a unit blocked on an older rotation no longer holds the wave back
+			if metaString(u.obj, "annotations", names.RotationTargetAnnotation) == cur.Name() && !(u.ownerKind == names.OwnerRayService && upgradeStrategy(u.obj) == incrementalUpgrade) {
+				// A unit blocked on an older rotation no longer holds the wave back, nor does an incremental
+				// upgrade (it stalls for ever without a Gateway controller; its old cluster serves meanwhile).
+				w.Blocked = true
 			}
 			if metaString(u.obj, "annotations", names.RotationBlockedAnnotation) == "" {
 				w.Actions = append(w.Actions, blockActions(u, now, age)...)
@@ -217,6 +219,8 @@ func waits(c clusterView, action string) string {
 		return "its RayJob is running"
 	case action == names.PolicyReplace && owner != nil && pendingCluster(owner) != "":
 		return "its RayService is already starting a new cluster"
+	case action == names.PolicyReplace && owner != nil && suspended(owner):
+		return "its RayService is suspended"
 	case action == names.PolicyRestart && suspended(c.in.Cluster):
 		// Someone suspended it: a restart would end with suspend: false. Once its pods are gone its
 		// Secret takes the current token, as a stopped cluster's does.
@@ -378,6 +382,18 @@ func suspended(rc *unstructured.Unstructured) bool {
 func advanceReplace(u *unit, now, started time.Time) (bool, []Action) {
 	rs := u.obj
 	active := activeCluster(rs)
+	if pendingCluster(rs) == "" && now.Sub(started) > replacementStartTimeout && !slices.ContainsFunc(u.members, func(m clusterView) bool {
+		return !m.in.Cluster.GetCreationTimestamp().Time.Before(started.Truncate(time.Second))
+	}) {
+		// No new cluster, pending or serving: KubeRay will not start one. The slot goes to the next unit.
+		target := metaString(rs, "annotations", names.RotationTargetAnnotation)
+		acts := []Action{PatchRotation{Kind: names.OwnerRayService, Namespace: rs.GetNamespace(), Name: rs.GetName(), Abandons: names.AbandonNoNewCluster,
+			Patch: rayServiceApply(rs, map[string]any{names.RotationAbandonedAnnotation: target}, rotationID(rs))}}
+		return true, append(acts, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationAbandoned, fmt.Sprintf(
+			"replacement for rotation %s abandoned: KubeRay started no new cluster within %s, so its zero-downtime upgrade is off (the operator's "+
+				"ENABLE_ZERO_DOWNTIME=false, the incremental upgrade's feature gate, or the RayService suspended); the RayService keeps serving on "+
+				"the token it had and stays behind. `syncer rotate` tries again", target, replacementStartTimeout))...)
+	}
 	if active == "" || pendingCluster(rs) != "" {
 		return false, nil
 	}

@@ -106,6 +106,10 @@ type rawFlags struct {
 	gatewayTable                     string
 }
 
+// kuberayTLSPath is where KubeRay v1.7's mTLS (feature gate RayClusterMTLS) mounts Ray's own TLS; its
+// validation refuses any other mount there (kuberay-facts.md).
+const kuberayTLSPath = "/etc/ray/tls"
+
 // The one-shot commands: each takes the syncer's flags that matter to it (all but controllerOnly's),
 // plus its own.
 const (
@@ -405,6 +409,9 @@ func (c *config) validate(r *rawFlags) error {
 	}
 	if !path.IsAbs(c.tlsMountPath) || path.Clean(c.tlsMountPath) != c.tlsMountPath || c.tlsMountPath == "/" || strings.Contains(c.tlsMountPath, ":") {
 		return fmt.Errorf("--autoscaler-tls-mount-path %q must be a clean absolute path", c.tlsMountPath)
+	}
+	if c.tlsMountPath == kuberayTLSPath || strings.HasPrefix(c.tlsMountPath, kuberayTLSPath+"/") || strings.HasPrefix(kuberayTLSPath, c.tlsMountPath+"/") {
+		return fmt.Errorf("--autoscaler-tls-mount-path %q overlaps %s, which KubeRay v1.7's mTLS (gate RayClusterMTLS) reserves: KubeRay would refuse the cluster", c.tlsMountPath, kuberayTLSPath)
 	}
 	return nil
 }

@@ -220,3 +220,15 @@ func TestPoliciesThatCannotTakeEffectAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// KubeRay v1.7's mTLS reserves /etc/ray/tls: a mount of the autoscaler's certificate there (or around
+// it) would make KubeRay refuse the cluster, so raysync refuses it at start.
+func TestAutoscalerTLSMountPathAvoidsKubeRaysTLS(t *testing.T) {
+	for path, ok := range map[string]bool{"/etc/ray/tls": false, "/etc/ray/tls/client": false, "/etc/ray": false, "/etc/raysync/autoscaler-tls": true, "/etc/ray/tls2": true} {
+		_, err := parseFlags([]string{"--auth-source=raysync/ray-token", "--namespaces=ml", "--leader-elect=false",
+			"--autoscaler-tls-secret=raysync/tls", "--autoscaler-tls-mount-path=" + path}, func(string) string { return "" })
+		if (err == nil) != ok {
+			t.Errorf("%s: %v, want accepted %v", path, err, ok)
+		}
+	}
+}
