@@ -75,14 +75,25 @@ func (e *Env) NamespaceAnnotated(annotations map[string]string) string {
 	return name
 }
 
-// SupportsSecretName reports whether the installed RayCluster CRD has authOptions.secretName (KubeRay v1.6+).
+// SupportsSecretName reports whether the installed RayCluster CRD has authOptions.secretName (KubeRay
+// v1.6+). A v1.6+ operator whose CRD lacks it fails the test: the harness installed the wrong CRDs, and
+// the tests that skip without it would pass on both versions while testing nothing.
 func (e *Env) SupportsSecretName() bool {
-	return e.crdHasField("spec", "properties", "authOptions", "properties", "secretName")
+	return e.requireOnV16(e.crdHasField("spec", "properties", "authOptions", "properties", "secretName"), "authOptions.secretName")
 }
 
-// SupportsUpgradeStrategy reports whether the RayCluster CRD has spec.upgradeStrategy (KubeRay v1.6+).
+// SupportsUpgradeStrategy reports whether the RayCluster CRD has spec.upgradeStrategy (KubeRay v1.6+),
+// failing the test as SupportsSecretName does.
 func (e *Env) SupportsUpgradeStrategy() bool {
-	return e.crdHasField("spec", "properties", "upgradeStrategy")
+	return e.requireOnV16(e.crdHasField("spec", "properties", "upgradeStrategy"), "spec.upgradeStrategy")
+}
+
+func (e *Env) requireOnV16(has bool, field string) bool {
+	e.t.Helper()
+	if !has && e.KubeRayVersion != "" && !strings.HasPrefix(e.KubeRayVersion, "v1.5.") {
+		e.t.Fatalf("KubeRay %s's RayCluster CRD has no %s: the harness installed another version's CRDs", e.KubeRayVersion, field)
+	}
+	return has
 }
 
 func (e *Env) crdHasField(path ...string) bool {

@@ -26,7 +26,7 @@ func TestSecurityPageMatchesTheChart(t *testing.T) {
 	}
 	// Where the page says a rule is, and the rules the chart renders there, as "resource|verbs".
 	where := map[string]func(ns, name, kind string) bool{
-		"each managed namespace": func(ns, name, kind string) bool { return kind == "Role" && ns == "ml" },
+		"each managed namespace":  func(ns, name, kind string) bool { return kind == "Role" && ns == "ml" },
 		"each source's namespace": func(ns, name, kind string) bool { return kind == "Role" && ns == "src" },
 		"raysync's namespace":     func(ns, name, kind string) bool { return kind == "Role" && ns == "raysync" },
 		"cluster":                 func(ns, name, kind string) bool { return kind == "ClusterRole" },
