@@ -419,20 +419,21 @@ func markRace(desired, cur *corev1.Secret, now time.Time) bool {
 
 // raced is the window of container start times (whole seconds, the node's clock) in which a container
 // may hold the token s held before raysync's marked write: from the second s was created (nothing read
-// it earlier) to raceWindow after the write. ok is false when s carries no mark. A mark of raysync 0.2
-// ("true") took its time from the synced-at annotation.
-func raced(s *corev1.Secret) (from, until time.Time, ok bool) {
+// it earlier) to raceWindow after the write. visible is when every kubelet sees the write: a pod created
+// later reads the written token. ok is false when s carries no mark. A mark of raysync 0.2 ("true") took
+// its time from the synced-at annotation.
+func raced(s *corev1.Secret) (from, until, visible time.Time, ok bool) {
 	v := s.Annotations[names.WrittenUnderPodsAnnotation]
 	if v == "" {
-		return from, until, false
+		return from, until, visible, false
 	}
 	at, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		if at = syncedAt(s); at.IsZero() {
-			return from, until, false
+			return from, until, visible, false
 		}
 	}
-	return s.CreationTimestamp.Truncate(time.Second), at.Add(raceWindow), true
+	return s.CreationTimestamp.Truncate(time.Second), at.Add(raceWindow), at.Add(writeAckSlack + kubeletWatchLag + clockSkew), true
 }
 
 // startedIn reports whether a container started (whole seconds) in [from, until).
@@ -442,19 +443,27 @@ func startedIn(cs corev1.ContainerStatus, from, until time.Time) bool {
 }
 
 // recycleRacedPods deletes the cluster's pods that may hold the token its target held before raysync's
-// marked write of the current one: a pod with a container (init containers included) that started in
-// the raced window. Its start times are durable, so every replica and every restart decides alike,
-// whenever the caches show them; KubeRay recreates the pod, and the new one reads the current token.
+// marked write of the current one: a pod created before every kubelet could see the write, with a
+// container (init containers included) that started in the raced window. Creation and start times are
+// durable, so every replica and every restart decides alike, whenever the caches show them; KubeRay
+// recreates the pod, and the new one reads the current token. A pod younger than RecycleGrace is
+// deleted once it is that old (KubeRay stalls the recreation of a pod it has not seen yet).
 func (p *ClusterPlan) recycleRacedPods(f *tokenFacts) {
 	cur := f.cur
-	from, until, ok := raced(cur)
+	from, until, visible, ok := raced(cur)
 	if !ok || cur.Annotations[names.TokenSHA256Annotation] != f.src.digest {
 		return
 	}
 	early := func(cs corev1.ContainerStatus) bool { return startedIn(cs, from, until) }
 	for _, pod := range f.in.Pods {
-		if pod.DeletionTimestamp != nil || !controlledBy(pod, f.in.Cluster.GetUID()) ||
+		if pod.DeletionTimestamp != nil || !controlledBy(pod, f.in.Cluster.GetUID()) || !pod.CreationTimestamp.Time.Before(visible) ||
 			!slices.ContainsFunc(pod.Status.InitContainerStatuses, early) && !slices.ContainsFunc(pod.Status.ContainerStatuses, early) {
+			continue
+		}
+		if age := f.in.Now.Sub(pod.CreationTimestamp.Time); age < RecycleGrace {
+			if wait := RecycleGrace - age; p.RequeueAfter == 0 || wait < p.RequeueAfter {
+				p.RequeueAfter = wait
+			}
 			continue
 		}
 		p.Actions = append(p.Actions, DeletePod{Pod: pod, Missing: []string{names.RecycledAuthToken}})
@@ -482,12 +491,13 @@ func startedOnCurrent(readers []*corev1.Pod, target *corev1.Secret, digest strin
 		return false
 	}
 	after := written.Truncate(time.Second).Add(time.Second) // container start times are in whole seconds
-	from, until, marked := raced(target)
-	late := func(cs corev1.ContainerStatus) bool {
-		s := containerStartedAt(cs)
-		return s.IsZero() || !s.Before(after) && !(marked && startedIn(cs, from, until))
-	}
+	from, until, visible, marked := raced(target)
 	return !slices.ContainsFunc(readers, func(p *corev1.Pod) bool {
+		racedPod := marked && p.CreationTimestamp.Time.Before(visible)
+		late := func(cs corev1.ContainerStatus) bool {
+			s := containerStartedAt(cs)
+			return s.IsZero() || !s.Before(after) && !(racedPod && startedIn(cs, from, until))
+		}
 		return podStarted(p) && (!allOf(p.Status.InitContainerStatuses, late) || !allOf(p.Status.ContainerStatuses, late))
 	})
 }

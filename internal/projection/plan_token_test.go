@@ -203,6 +203,8 @@ func TestWriteOverATokenRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
 			})},
 		"created after the write, started in the window (a kubelet's cache may lag)": {secret: writtenUnder(), recycle: true, pod: rayPod("c1-head", "c1", onNode,
 			func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(second.Add(time.Second)) }, startedAt(second.Add(time.Second)))},
+		"created once every kubelet saw the write: kept": {secret: writtenUnder(), pod: rayPod("c1-head", "c1", onNode,
+			func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(second.Add(3 * time.Second)) }, startedAt(second.Add(3*time.Second)))},
 		"a mark of raysync 0.2 (\"true\"): its window from synced-at": {secret: writtenUnder(withSecretAnnotation(names.WrittenUnderPodsAnnotation, "true")),
 			pod: rayPod("c1-head", "c1", onNode, createdBefore, startedAt(second)), recycle: true},
 		"a write without the mark (a restart's): kept": {secret: withToken(kuberaysOld(), []byte(token), tokenSrc, written),
@@ -227,6 +229,20 @@ func TestWriteOverATokenRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
 		})
 	}
 
+	// A raced pod is deleted only once RecycleGrace old (KubeRay stalls the recreation of a pod it has
+	// not seen yet): a younger one is looked at again then.
+	t.Run("younger than RecycleGrace: looked at again, not deleted yet", func(t *testing.T) {
+		young := rayPod("c1-head", "c1", onNode, func(p *corev1.Pod) { p.CreationTimestamp = metav1.NewTime(planNow.Add(-2 * time.Second)) },
+			startedAt(planNow.Add(-time.Second)))
+		s := markedAt(withToken(kuberaysAt(planNow.Add(-3*time.Second)), []byte(token), tokenSrc, planNow.Add(-2*time.Second)), planNow.Add(-2*time.Second))
+		in := input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(s), pods(young), seen)
+		got := planCluster(in, cfg.withDefaults())
+		checkPlan(t, got, nil)
+		if got.RequeueAfter <= 0 || got.RequeueAfter > RecycleGrace {
+			t.Errorf("RequeueAfter %s, want the rest of RecycleGrace", got.RequeueAfter)
+		}
+	})
+
 	// raysync restarted with caches that lag: its pod cache shows the head unbound while the kubelet
 	// has read KubeRay's random token. The write is marked all the same, and once the caches show the
 	// head's container started (in the window), it is recycled: before, the write went unmarked and
@@ -239,7 +255,7 @@ func TestWriteOverATokenRecyclesThoseThatMayHaveReadBefore(t *testing.T) {
 		if !w.MarksRace || w.Secret.Annotations[names.WrittenUnderPodsAnnotation] == "" {
 			t.Fatalf("the write under a pod the cache shows unbound is not marked: %+v", w)
 		}
-		later := planNow.Add(3 * time.Second)
+		later := planNow.Add(RecycleGrace)
 		started := rayPod("c1-head", "c1", onNode, func(p *corev1.Pod) { p.CreationTimestamp = unbound.CreationTimestamp }, startedAt(planNow.Add(time.Second)))
 		in = input(cfg, rayCluster("c1"), []*corev1.Secret{sourceSecret(token)}, target(w.Secret), pods(started), seen, func(in *ClusterInput) { in.Now = later })
 		got := planCluster(in, cfg.withDefaults())
