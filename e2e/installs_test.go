@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/raysync/raysync/internal/names"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"os"
 	"path/filepath"
 	"strings"
@@ -223,7 +225,8 @@ func TestUninstallLeavesNothingOfRaysync(t *testing.T) {
 	env.PutSource(src, "ray-token", tokenData(t1))
 	env.PutSecret(src, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(env.Secret(dockerConfig))})
 	theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "theirs", Namespace: ns}, Data: map[string][]byte{"k": []byte("v")}}
-	if _, err := env.Kube.CoreV1().Secrets(ns).Create(env.ctx, theirs, metav1.CreateOptions{}); err != nil {
+	theirs, err := env.Kube.CoreV1().Secrets(ns).Create(env.ctx, theirs, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	flags := []string{"--auth-source=" + src + "/ray-token", "--namespaces=" + ns + "," + gone, "--pull-secret=" + src + "/regcred"}
@@ -269,6 +272,39 @@ func TestUninstallLeavesNothingOfRaysync(t *testing.T) {
 	for _, n := range []types.NamespacedName{{Namespace: ns, Name: "regcred"}, {Namespace: ns, Name: "theirs"}, {Namespace: src, Name: "ray-token"}, {Namespace: src, Name: "regcred"}} {
 		if _, err := env.Kube.CoreV1().Secrets(n.Namespace).Get(env.ctx, n.Name, metav1.GetOptions{}); err != nil {
 			t.Errorf("Secret %s was deleted: %v", n, err)
+		}
+	}
+	// The foreign Secret was not touched at all, not merely left in place.
+	if cur, err := env.Kube.CoreV1().Secrets(ns).Get(env.ctx, "theirs", metav1.GetOptions{}); err != nil || cur.ResourceVersion != theirs.ResourceVersion {
+		t.Errorf("the foreign Secret was written (resourceVersion %s, was %s): %v", cur.GetResourceVersion(), theirs.ResourceVersion, err)
+	}
+	// Nothing left that raysync's labels or annotations mark, but what is kept on purpose: the copy a
+	// cluster still names, and the rotation number in a RayService's template (removing it would start an
+	// upgrade). The annotations users set (raysync.dev/rotation, skip, adopt) are theirs. (A cluster's auth
+	// Secret, KubeRay's, keeps raysync's digest mark: it goes with its cluster, as the uninstall guide says.)
+	usersOwn := map[string]bool{names.RotationAnnotation: true, names.SkipAnnotation: true, names.AdoptAnnotation: true}
+	for _, n := range []string{src, ns, gone} {
+		for _, gvr := range []schema.GroupVersionResource{kuberay.RayClusterGVR, kuberay.RayServiceGVR, kuberay.RayJobGVR} {
+			l, err := env.Dynamic.Resource(gvr).Namespace(n).List(env.ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range l.Items {
+				for k := range o.GetAnnotations() {
+					if strings.HasPrefix(k, "raysync.dev/") && !usersOwn[k] {
+						t.Errorf("%s %s/%s still carries %s", o.GetKind(), n, o.GetName(), k)
+					}
+				}
+			}
+		}
+		secrets, err := env.Kube.CoreV1().Secrets(n).List(env.ctx, metav1.ListOptions{LabelSelector: names.ManagedByLabel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sec := range secrets.Items {
+			if !(n == ns && sec.Name == "regcred") {
+				t.Errorf("Secret %s/%s still carries raysync's label", n, sec.Name)
+			}
 		}
 	}
 	if out, code := env.uninstall(append(flags, "--yes")...); code != 1 || strings.Contains(out, "delete") {

@@ -52,7 +52,7 @@ type uninstallStep struct {
 // raysync's annotations on the objects it acts on (never the RayService template's rotation id: a
 // change of that starts a new cluster).
 var rotationAnnotations = []string{names.RotationStartedAnnotation, names.RotationTargetAnnotation, names.RotationBlockedAnnotation, names.RotateAnnotation,
-	names.RotationAbandonedAnnotation, names.TokenRotationAnnotation, names.TokenWrittenAtAnnotation}
+	names.RotationAbandonedAnnotation, names.TokenRotationAnnotation, names.TokenWrittenAtAnnotation, names.AdoptedAnnotation}
 
 func uninstall(cfg *config, stdout io.Writer) (left int, err error) {
 	rc, err := restConfig(cfg)
