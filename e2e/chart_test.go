@@ -37,6 +37,7 @@ func helm(t *testing.T, args ...string) (string, error) {
 		t.Fatal(err)
 	}
 	root, _ := framework.RepoRoot()
+	args = withImage(args)
 	cmd := exec.Command(path, args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
@@ -50,6 +51,20 @@ func helm(t *testing.T, args ...string) (string, error) {
 }
 
 const chart = "deploy/helm/raysync"
+
+// releasedImage is what `make release REGISTRY=registry.example.com/platform` writes into the chart it
+// publishes: the checkout's chart has no image repository and refuses to render without one.
+const releasedImage = "registry.example.com/platform/raysync"
+
+// withImage gives a helm template, install or upgrade of the checkout's chart the image a release
+// would have set, unless the command sets one.
+func withImage(args []string) []string {
+	if len(args) == 0 || !slices.Contains([]string{"template", "install", "upgrade"}, args[0]) || !slices.Contains(args, chart) ||
+		slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "image.repository") }) {
+		return args
+	}
+	return append(slices.Clone(args), "--set", "image.repository="+releasedImage)
+}
 
 func TestChartLintsAndRejectsBadValues(t *testing.T) {
 	base := []string{"--set", "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true"}

@@ -144,7 +144,9 @@ func newDocsShell(e *Env, subs ...string) *docsShell {
 	}
 	env := append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "KUBECONFIG="+e.Kubeconfig, "SHIM_DIR="+dir, "SYNCER="+syncer, "REAL_KUBECTL="+real,
 		"HELM_CACHE_HOME="+e.t.TempDir(), "HELM_CONFIG_HOME="+e.t.TempDir(), "HELM_DATA_HOME="+e.t.TempDir())
-	return &docsShell{e: e, dir: dir, env: env, subs: strings.NewReplacer(append([]string{docsChartRef, docsChart(root)}, subs...)...), procs: map[string]*Syncer{}}
+	// The chart from the checkout, with the image a release would have set in it.
+	chartHere := docsChart(root) + " --set image.repository=" + releasedImage
+	return &docsShell{e: e, dir: dir, env: env, subs: strings.NewReplacer(append([]string{docsChartRef, chartHere}, subs...)...), procs: map[string]*Syncer{}}
 }
 
 // run runs one documented block as a reader would, stopping at the first failing command (bash -e; a

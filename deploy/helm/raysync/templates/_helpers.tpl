@@ -119,3 +119,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "raysync.webhookSelfManaged" -}}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) -}}true{{- end -}}
 {{- end -}}
+
+{{/* raysync's image; the chart refuses to render without a repository rather than pull a name nobody published. */}}
+{{- define "raysync.image" -}}
+{{- $repo := required "image.repository is not set: there is no official registry yet; publish raysync with `make release REGISTRY=...` (its chart sets it) or set image.repository to where you pushed the image" .Values.image.repository -}}
+{{ $repo }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
