@@ -32,7 +32,8 @@ const (
 // Rotation: how a running cluster moves to a new canonical token (README, "Rotation").
 const (
 	// RotationAnnotation on a RayCluster (RayServices and RayJobs copy theirs onto their clusters)
-	// chooses the cluster's policy: replace, restart or hold.
+	// chooses the cluster's policy: replace, restart, hold or gateway. A value raysync does not know is
+	// read as hold, the safest, and reported (Event InvalidAnnotation, raysync_invalid_annotations).
 	RotationAnnotation = "raysync.dev/rotation"
 	PolicyReplace      = "replace"
 	PolicyRestart      = "restart"

@@ -160,10 +160,13 @@ func annotationsPage(root string) ([]byte, error) {
 	var b strings.Builder
 	b.WriteString(header)
 	b.WriteString("# Annotations and labels\n\nEvery name raysync writes or matches on, from the constants in `internal/names` (raysync's) and\n`internal/kuberay` (KubeRay's, which raysync reads and writes as KubeRay does). Dashboards, alerts, kubectl\nselectors and GitOps rules may depend on them.\n")
-	table := func(title, suffix string, cs []constant, owner string) {
+	// The annotations people set (by hand, in their manifests, or with a syncer command), as Reloader's
+	// docs keep them apart from those the tool writes.
+	usersSet := map[string]bool{"SkipAnnotation": true, "RotationAnnotation": true, "AdoptAnnotation": true, "RotateAnnotation": true}
+	table := func(title, suffix string, cs []constant, owner string, keep func(constant) bool) {
 		fmt.Fprintf(&b, "\n## %s\n\n| key | whose | meaning |\n|---|---|---|\n", title)
 		for _, c := range cs {
-			if !strings.HasSuffix(c.name, suffix) || !strings.Contains(c.value, "/") {
+			if !strings.HasSuffix(c.name, suffix) || !strings.Contains(c.value, "/") || !keep(c) {
 				continue
 			}
 			meaning := sentence(c.doc, c.name, all)
@@ -173,9 +176,11 @@ func annotationsPage(root string) ([]byte, error) {
 			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", c.value, owner, cell(meaning))
 		}
 	}
-	table("Labels raysync writes", "Label", names, "raysync")
-	table("Annotations raysync writes", "Annotation", names, "raysync")
-	table("KubeRay's labels raysync reads or writes", "Label", kr, "KubeRay")
+	all2 := func(constant) bool { return true }
+	table("Annotations you set", "Annotation", names, "you", func(c constant) bool { return usersSet[c.name] })
+	table("Labels raysync writes", "Label", names, "raysync", all2)
+	table("Annotations raysync writes", "Annotation", names, "raysync", func(c constant) bool { return !usersSet[c.name] })
+	table("KubeRay's labels raysync reads or writes", "Label", kr, "KubeRay", all2)
 	values := func(title, intro, prefix string, skip ...string) {
 		fmt.Fprintf(&b, "\n## %s\n\n%s\n\n| value | meaning |\n|---|---|\n", title, intro)
 		for _, c := range names {
