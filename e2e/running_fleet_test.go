@@ -147,87 +147,89 @@ func (f *runningFleet) watchChanges(t *testing.T) (stop func() (created, deleted
 // installed with the chart's defaults. For 5 minutes raysync creates no RayCluster, deletes no pod,
 // and no Serve call fails; syncer status lists all six as not adopted (exit 1). A dry run of adoption
 // changes nothing; adopting two RayServices moves exactly those, one at a time, with 0 Serve errors; a
-// cluster created after the install is born on the canonical token. How a RayService moves is the
-// operator's code: both KubeRay versions.
+// cluster created after the install is born on the canonical token. That installing moves nothing is
+// raysync's decision, not the operator's (how an adopted RayService then moves is, and TestFleetRotation
+// runs it on both versions): one KubeRay version, the newest.
 func TestInstallIntoARunningFleetMovesNothing(t *testing.T) {
-	eachKubeRay(t, func(t *testing.T, env *Env) {
-		if testing.Short() {
-			t.Skip("long")
-		}
-		f := newRunningFleet(t, env, 3, 2, true)
-		before := map[string]string{}
-		for _, svc := range f.services {
-			before[svc] = f.activeCluster(svc)
-		}
-		watching := f.watchChanges(t)
-		args := append(append([]string{}, f.args...), "--max-concurrent-rotations=1")
-		args = append(args, env.webhookFor(f.ns, f.ns)...)
-		f.args = args
-		env.StartSyncer(args...)
-		env.waitCABundle(args)
+	cp := newestKubeRay()
+	if cp == nil || testing.Short() {
+		t.Skip("needs a control plane; long")
+	}
+	t.Parallel()
+	env := newEnv(t, cp)
+	env.longer(15 * time.Minute)
+	f := newRunningFleet(t, env, 3, 2, true)
+	before := map[string]string{}
+	for _, svc := range f.services {
+		before[svc] = f.activeCluster(svc)
+	}
+	watching := f.watchChanges(t)
+	f.args = append(f.args, "--max-concurrent-rotations=1") // the syncer commands take these too
+	ctrl := append(append([]string{}, f.args...), env.webhookFor(f.ns, f.ns)...)
+	env.StartSyncer(ctrl...)
+	env.waitCABundle(ctrl)
 
-		out, code := f.cli("status")
-		if code != 1 || strings.Count(out, "not adopted") != 6 || !strings.Contains(out, "adopting all would move 6 cluster(s): 3 replaced") {
-			t.Errorf("syncer status: exit %d, want 1, listing 6 clusters not adopted and what adopting them would do:\n%s", code, out)
-		}
-		for _, c := range append(append([]string{}, f.clusters...), before[f.services[0]], f.job) {
-			env.WaitEvent(f.ns, c, names.ReasonNotAdopted, time.Minute)
-		}
-		time.Sleep(5 * time.Minute)
-		created, deleted, serveErrors, calls := watching()
-		if created != 0 || deleted != 0 || serveErrors != 0 {
-			t.Errorf("in 5 minutes after the install: %d RayClusters created, %d pods deleted, %d of %d Serve calls failed; want 0, 0, 0",
-				created, deleted, serveErrors, calls)
-		}
-		t.Logf("MEASURE install-into-fleet kuberay=%s window_s=300 clusters_created=%d pods_deleted=%d serve_errors=%d serve_calls=%d",
-			env.KubeRayVersion, created, deleted, serveErrors, calls)
+	out, code := f.cli("status")
+	if code != 1 || strings.Count(out, "not adopted") != 6 || !strings.Contains(out, "adopting all would move 6 cluster(s): 3 replaced") {
+		t.Errorf("syncer status: exit %d, want 1, listing 6 clusters not adopted and what adopting them would do:\n%s", code, out)
+	}
+	for _, c := range append(append([]string{}, f.clusters...), before[f.services[0]], f.job) {
+		env.WaitEvent(f.ns, c, names.ReasonNotAdopted, time.Minute)
+	}
+	time.Sleep(5 * time.Minute)
+	created, deleted, serveErrors, calls := watching()
+	if created != 0 || deleted != 0 || serveErrors != 0 {
+		t.Errorf("in 5 minutes after the install: %d RayClusters created, %d pods deleted, %d of %d Serve calls failed; want 0, 0, 0",
+			created, deleted, serveErrors, calls)
+	}
+	t.Logf("MEASURE install-into-fleet kuberay=%s window_s=300 clusters_created=%d pods_deleted=%d serve_errors=%d serve_calls=%d",
+		env.KubeRayVersion, created, deleted, serveErrors, calls)
 
-		// The preview changes nothing.
-		watching = f.watchChanges(t)
-		out, code = f.cli("adopt", "--all", "--dry-run")
-		if code != 0 || !strings.Contains(out, "would be replaced") || !strings.Contains(out, "(dry run: nothing changed)") {
-			t.Errorf("syncer adopt --all --dry-run: exit %d\n%s", code, out)
-		}
-		cm, err := env.Kube.CoreV1().ConfigMaps(f.ns).Get(env.ctx, "raysync-control", metav1.GetOptions{})
-		if err != nil || len(cm.Data) != 0 {
-			t.Errorf("the dry run wrote the control ConfigMap: %v %v", cm.Data, err)
-		}
-		time.Sleep(15 * time.Second)
-		if created, deleted, _, _ := watching(); created != 0 || deleted != 0 {
-			t.Errorf("after the dry run: %d RayClusters created, %d pods deleted", created, deleted)
-		}
+	// The preview changes nothing.
+	watching = f.watchChanges(t)
+	out, code = f.cli("adopt", "--all", "--dry-run")
+	if code != 0 || !strings.Contains(out, "would be replaced") || !strings.Contains(out, "(dry run: nothing changed)") {
+		t.Errorf("syncer adopt --all --dry-run: exit %d\n%s", code, out)
+	}
+	cm, err := env.Kube.CoreV1().ConfigMaps(f.ns).Get(env.ctx, "raysync-control", metav1.GetOptions{})
+	if err != nil || len(cm.Data) != 0 {
+		t.Errorf("the dry run wrote the control ConfigMap: %v %v", cm.Data, err)
+	}
+	time.Sleep(15 * time.Second)
+	if created, deleted, _, _ := watching(); created != 0 || deleted != 0 {
+		t.Errorf("after the dry run: %d RayClusters created, %d pods deleted", created, deleted)
+	}
 
-		// Adopting two RayServices moves exactly those, one at a time.
-		watching = f.watchChanges(t)
-		out, code = f.cli("adopt", "rayservice/"+f.ns+"/svc-0", "rayservice/"+f.ns+"/svc-1")
-		if code != 0 || strings.Count(out, "will be replaced") != 2 {
-			t.Fatalf("syncer adopt: exit %d\n%s", code, out)
+	// Adopting two RayServices moves exactly those, one at a time.
+	watching = f.watchChanges(t)
+	out, code = f.cli("adopt", "rayservice/"+f.ns+"/svc-0", "rayservice/"+f.ns+"/svc-1")
+	if code != 0 || strings.Count(out, "will be replaced") != 2 {
+		t.Fatalf("syncer adopt: exit %d\n%s", code, out)
+	}
+	inFlight := (&fleet{env: env, ns: f.ns}).watchInFlight()
+	for _, svc := range f.services[:2] {
+		env.WaitEvent(f.ns, svc, names.ReasonRotationCompleted, 5*time.Minute)
+		env.AssertStartedWith(f.ns, f.token, f.activeCluster(svc))
+	}
+	created, _, serveErrors, calls = watching()
+	if created != 2 || serveErrors != 0 {
+		t.Errorf("adopting two RayServices: %d RayClusters created, %d of %d Serve calls failed; want 2 and 0", created, serveErrors, calls)
+	}
+	if m := inFlight(); m != 1 {
+		t.Errorf("%d replacements in flight at once, want 1 (--max-concurrent-rotations=1)", m)
+	}
+	if got := f.activeCluster(f.services[2]); got != before[f.services[2]] {
+		t.Errorf("svc-2, not adopted, moved from %s to %s", before[f.services[2]], got)
+	}
+	for _, c := range f.clusters {
+		if tok := env.secretToken(f.ns, c); tok == f.token {
+			t.Errorf("RayCluster %s, not adopted, took the canonical token", c)
 		}
-		inFlight := (&fleet{env: env, ns: f.ns}).watchInFlight()
-		for _, svc := range f.services[:2] {
-			env.WaitEvent(f.ns, svc, names.ReasonRotationCompleted, 5*time.Minute)
-			env.AssertStartedWith(f.ns, f.token, f.activeCluster(svc))
-		}
-		created, _, serveErrors, calls = watching()
-		if created != 2 || serveErrors != 0 {
-			t.Errorf("adopting two RayServices: %d RayClusters created, %d of %d Serve calls failed; want 2 and 0", created, serveErrors, calls)
-		}
-		if m := inFlight(); m != 1 {
-			t.Errorf("%d replacements in flight at once, want 1 (--max-concurrent-rotations=1)", m)
-		}
-		if got := f.activeCluster(f.services[2]); got != before[f.services[2]] {
-			t.Errorf("svc-2, not adopted, moved from %s to %s", before[f.services[2]], got)
-		}
-		for _, c := range f.clusters {
-			if tok := env.secretToken(f.ns, c); tok == f.token {
-				t.Errorf("RayCluster %s, not adopted, took the canonical token", c)
-			}
-		}
-		// A cluster created now is born on the canonical token.
-		env.CreateRayCluster(rayCluster(f.ns, "after"))
-		env.WaitPodsReady(f.ns, kuberay.ClusterLabel+"=after", 2, 2*time.Minute)
-		env.AssertStartedWith(f.ns, f.token, "after")
-	})
+	}
+	// A cluster created now is born on the canonical token.
+	env.CreateRayCluster(rayCluster(f.ns, "after"))
+	env.WaitPodsReady(f.ns, kuberay.ClusterLabel+"=after", 2, 2*time.Minute)
+	env.AssertStartedWith(f.ns, f.token, "after")
 }
 
 // Issue 34: the emergency stop mid-wave. Four RayServices adopted by construction (born while raysync

@@ -100,6 +100,7 @@ func TestWebhookHostileReviewsLeaveRaysyncUnderItsMemoryLimit(t *testing.T) {
 	if cp == nil || cp.External {
 		t.Skip("needs the local control plane")
 	}
+	t.Parallel()
 	env := newEnv(t, cp)
 	srcNS, ns := env.Namespace(), env.NamespaceWithoutKubelet()
 	token := env.NewToken()
