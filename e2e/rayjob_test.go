@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,4 +125,62 @@ func TestNewClusterRaceAtStartDelay(t *testing.T) {
 			t.Errorf("%d of %d container starts used a non-canonical token", other, starts)
 		}
 	})
+}
+
+// Issue 36 item 2: a RayJob's submitter in K8sJobMode (the default) runs the Ray image in a Job's pod
+// whose default template has no pull secret, whatever the head's. In a namespace without registry
+// credentials, with the private Ray image and raysync's pull secret and webhook, the submitter pod is
+// born with the pull secret and the job succeeds (HTTPMode, which has no submitter pod, alongside).
+// Before, the submitter sat in ImagePullBackOff while its cluster was healthy. One KubeRay version: the
+// submitter's shape is the same in v1.5.1 and v1.6.1 (common.GetSubmitterTemplate).
+func TestRayJobSubmitterFromAPrivateRegistry(t *testing.T) {
+	cp := newestKubeRay()
+	if cp == nil || cp.External {
+		t.Skip("needs the local control plane")
+	}
+	t.Parallel()
+	env := newEnv(t, cp)
+	env.StandIn()
+	src, ns := env.Namespace(), env.Namespace()
+	token := env.NewToken()
+	env.PutSource(src, "ray-token", tokenData(token))
+	env.PutSecret(src, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(env.Secret(dockerConfig))})
+	args := append([]string{"--auth-source=" + src + "/ray-token", "--namespaces=" + ns, "--pull-secret=" + src + "/regcred"}, env.webhookFor(src, ns)...)
+	env.StartSyncer(args...)
+	env.waitCABundle(args)
+	for _, mode := range []string{"K8sJobMode", "HTTPMode"} {
+		job := rayJob(ns, strings.ToLower(strings.TrimSuffix(mode, "Mode")), mode)
+		withPrivateImage(job.Object["spec"].(map[string]any)["rayClusterSpec"].(map[string]any))
+		if _, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Create(env.ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"k8sjob", "http"} {
+		var deploy, status string
+		err := wait.PollUntilContextTimeout(env.ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			j, err := env.Dynamic.Resource(kuberay.RayJobGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			deploy, _, _ = unstructured.NestedString(j.Object, "status", "jobDeploymentStatus")
+			status, _, _ = unstructured.NestedString(j.Object, "status", "jobStatus")
+			return deploy == "Complete" || deploy == "Failed", nil
+		})
+		if err != nil || status != "SUCCEEDED" {
+			pods, _ := env.Kube.CoreV1().Pods(ns).List(env.ctx, metav1.ListOptions{})
+			t.Fatalf("RayJob %s: deployment %q, job %q (%v)\n%s", name, deploy, status, err, describePods(pods.Items))
+		}
+	}
+	pods, err := env.Kube.CoreV1().Pods(ns).List(env.ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=k8sjob"})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("no submitter pod: %v", err)
+	}
+	for _, p := range pods.Items {
+		if len(p.Spec.ImagePullSecrets) != 1 || p.Spec.ImagePullSecrets[0].Name != "regcred" {
+			t.Errorf("submitter pod %s: imagePullSecrets %v, want regcred from its birth", p.Name, p.Spec.ImagePullSecrets)
+		}
+		if pullFailing(&p) {
+			t.Errorf("submitter pod %s failed to pull", p.Name)
+		}
+	}
 }
