@@ -553,8 +553,9 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 						caBundles = append(caBundles, string(w.ClientConfig.CABundle))
 					}
 					ca := string(s.Data["ca.crt"])
+					// pods, a RayJob's submitter pods (a pull secret is configured) and Secrets: each the CA
 					return len(s.Data["tls.crt"]) > 0 && len(s.Data["tls.key"]) > 0 && ca != "" &&
-						len(caBundles) == 2 && caBundles[0] == ca && caBundles[1] == ca, nil
+						len(caBundles) == 3 && !slices.ContainsFunc(caBundles, func(b string) bool { return b != ca }), nil
 				})
 				if err != nil {
 					t.Errorf("raysync did not issue the webhook certificate into %s/%s and its CA into %s's caBundle (%d webhooks with one): %v",
@@ -584,6 +585,9 @@ func TestChartRBACIsSufficientAndMinimal(t *testing.T) {
 					{"update", "secrets", rel, "raysync-rotations", scope == "cluster"},
 					{"update", "leases", rel, "someone-else", false},
 					{"delete", "pods", "kube-system", "", scope == "cluster"},
+					{"delete", "pods", ns, "", true}, // recycling a pod that may hold the token before raysync's write
+					{"update", "configmaps", rel, release + "-raysync-control", true},
+					{"update", "configmaps", rel, "someone-elses", false},
 					// The webhook: its certificate Secret and its own configuration, by name.
 					{"get", "secrets", rel, release + "-raysync-webhook-tls", true},
 					{"update", "secrets", rel, release + "-raysync-webhook-tls", true},

@@ -218,7 +218,7 @@ func (d *docsShell) startDeployments(ns string) {
 		kubeconfig, _ := d.e.serviceAccountKubeconfig(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)
 		d.procs[dep.Namespace+"."+dep.Name] = d.e.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + dep.Namespace}, nil, append(run, "--leader-election-retry-period=500ms")...)
 		// What each command inherits in the pod (cmd/syncer/app's InheritedFlags, from the Deployment's own arguments).
-		for _, cmd := range []string{"status", "rotate", "uninstall", "revoke-previous"} {
+		for _, cmd := range []string{"status", "rotate", "adopt", "pause", "resume", "uninstall", "revoke-previous"} {
 			inPod := app.InheritedFlags(cmd, dep.Spec.Template.Spec.Containers[0].Args)
 			if err := os.WriteFile(argsFile+"."+cmd, []byte(strings.Join(append(inPod, "--kubeconfig="+kubeconfig), "\n")+"\n"), 0o600); err != nil {
 				d.e.t.Fatal(err)
