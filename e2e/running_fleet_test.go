@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,7 +171,7 @@ func TestInstallIntoARunningFleetMovesNothing(t *testing.T) {
 	env.waitCABundle(ctrl)
 
 	out, code := f.cli("status")
-	if code != 1 || strings.Count(out, "not adopted") != 6 || !strings.Contains(out, "adopting all would move 6 cluster(s): 3 replaced") {
+	if code != 1 || len(regexp.MustCompile(`frozen\s+not adopted`).FindAllString(out, -1)) != 6 || !strings.Contains(out, "adopting all would move 6 cluster(s): 3 replaced") {
 		t.Errorf("syncer status: exit %d, want 1, listing 6 clusters not adopted and what adopting them would do:\n%s", code, out)
 	}
 	for _, c := range append(append([]string{}, f.clusters...), before[f.services[0]], f.job) {
