@@ -7,7 +7,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// WebhookConfiguration is raysync's mutating webhook configuration as the chart installs it, but
+// WebhookConfiguration is raysync's mutating webhook configuration as the chart installs it with a pull
+// secret configured, but
 // URL-form (the API server calls raysync on 127.0.0.1:port) and limited to namespaces. No caBundle:
 // raysync injects it.
 func WebhookConfiguration(name string, port int, namespaces []string) *admissionregistrationv1.MutatingWebhookConfiguration {
@@ -35,5 +36,8 @@ func WebhookConfiguration(name string, port int, namespaces []string) *admission
 			hook("pods.raysync.dev", "pods", "/mutate-pods", &metav1.LabelSelector{
 				MatchLabels: map[string]string{"app.kubernetes.io/created-by": "kuberay-operator"}, MatchExpressions: exists}),
 			hook("secrets.raysync.dev", "secrets", "/mutate-secrets", &metav1.LabelSelector{MatchExpressions: exists}),
+			// A RayJob's submitter pods (the chart has it with a pull secret configured).
+			hook("submitters.raysync.dev", "pods", "/mutate-pods", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "batch.kubernetes.io/job-name", Operator: metav1.LabelSelectorOpExists}}}),
 		}}
 }
