@@ -338,9 +338,9 @@ func TestAdmitSubmitterPod(t *testing.T) {
 		result string
 	}{
 		"the default mode: pull secrets, no certificate": {job: job("j1", ""), pod: submitter("j1"), want: pull, result: names.AdmitMutated},
-		"K8sJobMode":                                     {job: job("j1", "K8sJobMode"), pod: submitter("j1"), want: pull, result: names.AdmitMutated},
-		"a Job no RayJob explains":                       {job: job("j1", ""), pod: submitter("other"), result: names.AdmitSkipped},
-		"HTTPMode: no submitter pod":                     {job: job("j1", "HTTPMode"), pod: submitter("j1"), result: names.AdmitSkipped},
+		"K8sJobMode":                 {job: job("j1", "K8sJobMode"), pod: submitter("j1"), want: pull, result: names.AdmitMutated},
+		"a Job no RayJob explains":   {job: job("j1", ""), pod: submitter("other"), result: names.AdmitSkipped},
+		"HTTPMode: no submitter pod": {job: job("j1", "HTTPMode"), pod: submitter("j1"), result: names.AdmitSkipped},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a := admissionHarness(t, []*unstructured.Unstructured{rayCluster("c1", autoscaling), tc.job})

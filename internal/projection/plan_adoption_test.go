@@ -69,7 +69,7 @@ func TestAdoptionOfAClusterThatRanBeforeRaysync(t *testing.T) {
 		"raysync wrote its Secret once (born while raysync ran)": {rc: rayCluster("c1"), state: names.TokenBehind,
 			opts: []func(*ClusterInput){func(in *ClusterInput) { marked(oldToken, planNow.Add(-6*time.Hour))(in.Target) }}},
 		"raysync recorded its token on the RayCluster": {rc: rayCluster("c1", recorded(6, planNow.Add(-6*time.Hour))), state: names.TokenBehind},
-		"a restart raysync abandoned before": {rc: rayCluster("c1", annotated(names.RotationAbandonedAnnotation, "6")), state: names.TokenBehind},
+		"a restart raysync abandoned before":           {rc: rayCluster("c1", annotated(names.RotationAbandonedAnnotation, "6")), state: names.TokenBehind},
 		"the cluster runs on the current token: nothing to adopt": {rc: rayCluster("c1"), state: names.TokenCurrent,
 			opts: []func(*ClusterInput){func(in *ClusterInput) { in.Target.Data["auth_token"] = []byte(token) }}},
 	} {
@@ -104,8 +104,8 @@ func TestAdoptionOfAClusterThatRanBeforeRaysync(t *testing.T) {
 			rs    *unstructured.Unstructured
 			state string
 		}{
-			"a RayService nobody adopted":                        {rs: unadoptedService("svc"), state: names.TokenNotAdopted},
-			"raysync.dev/adopt=true on the RayService":           {rs: unadoptedService("svc", annotated(names.AdoptAnnotation, "true")), state: names.TokenBehind},
+			"a RayService nobody adopted":                          {rs: unadoptedService("svc"), state: names.TokenNotAdopted},
+			"raysync.dev/adopt=true on the RayService":             {rs: unadoptedService("svc", annotated(names.AdoptAnnotation, "true")), state: names.TokenBehind},
 			"raysync adopted the RayService (raysync.dev/adopted)": {rs: rayService("svc"), state: names.TokenBehind},
 			"raysync replaced its cluster before (rotation-id)": {rs: unadoptedService("svc",
 				setPath(map[string]any{names.RotationIDAnnotation: "6-1"}, "spec", "rayClusterConfig", "headGroupSpec", "template", "metadata", "annotations")),

@@ -283,7 +283,9 @@ func TestAStaleRecordAfterARollbackRestoresNothing(t *testing.T) {
 	seven := ledger.Rotation{ID: 7, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-5 * time.Hour)}
 	eight := ledger.Rotation{ID: 8, Digest: tokenDigest([]byte(oldToken)), FirstSeen: planNow.Add(-3 * time.Hour)}
 	nine := ledger.Rotation{ID: 9, Digest: tokenDigest([]byte(token)), FirstSeen: planNow.Add(-time.Hour)}
-	rolledBack := func(in *ClusterInput) { in.Sources.ledger, in.Sources.rotation = ledger.Ledger{seven, eight, nine}, nine }
+	rolledBack := func(in *ClusterInput) {
+		in.Sources.ledger, in.Sources.rotation = ledger.Ledger{seven, eight, nine}, nine
+	}
 	written := seven.FirstSeen.Add(10 * time.Minute)
 	for name, tc := range map[string]struct {
 		started time.Time

@@ -52,8 +52,8 @@ type wavePlan struct {
 	InFlight int
 	Blocked  bool
 	// Paused: the control ConfigMap stops the wave; Held counts the units it keeps from starting.
-	Paused bool
-	Held   int
+	Paused       bool
+	Held         int
 	Started      []string      // unit keys started by this plan
 	Observed     []string      // expected units the caches now show in flight
 	RequeueAfter time.Duration // look again then (a rotation in flight may time out)

@@ -50,7 +50,9 @@ type ControlStatus struct {
 }
 
 // Control reads the control ConfigMap.
-func (r *Reporter) Control() ControlStatus { return controlStatus(readControl(r.gather.caches.Control())) }
+func (r *Reporter) Control() ControlStatus {
+	return controlStatus(readControl(r.gather.caches.Control()))
+}
 
 func controlStatus(c control) ControlStatus {
 	out := ControlStatus{Paused: c.paused, Reason: c.reason, AdoptAll: c.adoptAll, Adopt: slices.Sorted(maps.Keys(c.adopt)), Problems: c.problems}

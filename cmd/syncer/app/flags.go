@@ -77,7 +77,7 @@ type config struct {
 	// adopt: the namespaces adopted as a whole; pause: why
 	adoptNamespaces []string
 	reason          string
-	yes    bool   // uninstall: do it (default: only say what it would do)
+	yes             bool // uninstall: do it (default: only say what it would do)
 }
 
 // webhookConfig is the admission webhook's part of the command line (addr "": no webhook).
