@@ -178,6 +178,10 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, md metadata.Interface
 	return c
 }
 
+// ControlReadable reports whether the control ConfigMap could be listed (false while its RBAC is missing,
+// e.g. a new binary with an earlier release's Roles); true when none is configured.
+func (c *Caches) ControlReadable() bool { return c.control == nil || c.control.HasSynced() }
+
 // Control returns the control ConfigMap as cached (nil: none configured, or absent).
 func (c *Caches) Control() *corev1.ConfigMap {
 	if c.control == nil {
@@ -229,6 +233,9 @@ func (c *Caches) Start(stop <-chan struct{}) {
 func (c *Caches) WaitForSync(stop <-chan struct{}) bool {
 	var syncs []cache.InformerSynced
 	for _, inf := range c.all() {
+		if inf == c.control {
+			continue // optional: ControlReadable says whether it can be read (raysync reads it as paused until then)
+		}
 		syncs = append(syncs, inf.HasSynced)
 	}
 	ok := cache.WaitForCacheSync(stop, syncs...)

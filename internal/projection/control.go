@@ -66,5 +66,12 @@ func readControl(cm *corev1.ConfigMap) control {
 	return c
 }
 
+// unreadableControl is what raysync reads while it cannot list the control ConfigMap: the wave paused
+// (an emergency stop raysync cannot see must not be missed), no namespace adopted, and why.
+func unreadableControl(name string) control {
+	return control{paused: true, problems: []string{"raysync cannot read the control ConfigMap " + name +
+		" (its Role grants get, list and watch on it by name): read as paused until it can"}}
+}
+
 // adopts says whether the ConfigMap adopts the clusters of namespace ns.
 func (c control) adopts(ns string) bool { return c.adoptAll || c.adopt[ns] }

@@ -289,14 +289,21 @@ func (c *Controller) reportControl(ctx context.Context, w wavePlan) {
 		}
 	}
 	cm := c.caches.Control()
-	problems := strings.Join(readControl(cm).problems, "; ")
+	ctl := readControl(cm)
+	if !c.caches.ControlReadable() {
+		ctl = unreadableControl(c.cfg.Control.String())
+		c.queue.AddAfter(informer.Key{Kind: informer.WaveKey}, 30*time.Second) // look again once it may be readable
+	}
+	problems := strings.Join(ctl.problems, "; ")
 	if !c.reported.changed("control", problems) || problems == "" {
 		return
 	}
 	c.log.Warn("the control ConfigMap has values raysync cannot read: it applies the safe reading", zap.String("control", c.cfg.Control.String()),
 		zap.String("problems", problems))
-	_ = c.apply.do(ctx, informer.Key{Kind: informer.WaveKey}, nil, RecordEvent{Object: cm, Type: corev1.EventTypeWarning,
-		Reason: names.ReasonControlInvalid, Message: problems}, c.log)
+	if cm != nil { // an Event needs the object (one raysync cannot read has no Event, only the log)
+		_ = c.apply.do(ctx, informer.Key{Kind: informer.WaveKey}, nil, RecordEvent{Object: cm, Type: corev1.EventTypeWarning,
+			Reason: names.ReasonControlInvalid, Message: problems}, c.log)
+	}
 }
 
 // syncGatewayTable plans the gateway's table and makes the published Secret hold it, decided from the

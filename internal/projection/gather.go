@@ -67,6 +67,9 @@ func (g *gatherer) sources(now time.Time) *sourceView {
 		return s
 	}, now, &g.parsed)
 	v.control = readControl(g.caches.Control())
+	if !g.caches.ControlReadable() {
+		v.control = unreadableControl(g.cfg.Control.String())
+	}
 	return v
 }
 

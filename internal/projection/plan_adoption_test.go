@@ -1,14 +1,20 @@
 package projection
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/raysync/raysync/internal/names"
 )
@@ -277,5 +283,27 @@ func TestReadControl(t *testing.T) {
 	}
 	if c := readControl(nil); c.paused || c.adoptAll {
 		t.Errorf("no ConfigMap: %+v", c)
+	}
+}
+
+// A control ConfigMap raysync cannot list (a new binary with an earlier release's Roles, say) does not
+// keep raysync from becoming ready, and is read as paused, saying why: an emergency stop raysync
+// cannot see is never missed, and nothing else stops.
+func TestAnUnreadableControlConfigMapReadsAsPaused(t *testing.T) {
+	cfg := Config{Source: tokenSrc, Prune: true, Control: types.NamespacedName{Namespace: tokenSrc.Namespace, Name: "raysync-control"}}
+	h := buildHarness(t, false, cfg, nil, func(kube *fake.Clientset) {
+		kube.PrependReactor("list", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(corev1.Resource("configmaps"), "raysync-control", errors.New("no Role"))
+		})
+	}, sourceSecret(token))
+	if h.ctrl.caches.ControlReadable() {
+		t.Fatal("the control ConfigMap reads as readable")
+	}
+	c := h.ctrl.reporter.Control()
+	if !c.Paused || len(c.Problems) != 1 || !strings.Contains(c.Problems[0], "cannot read the control ConfigMap") {
+		t.Errorf("control %+v: want paused, and why", c)
+	}
+	if !h.ctrl.Snapshot().Paused {
+		t.Error("raysync_rotation_paused is not 1")
 	}
 }

@@ -51,6 +51,9 @@ type ControlStatus struct {
 
 // Control reads the control ConfigMap.
 func (r *Reporter) Control() ControlStatus {
+	if !r.gather.caches.ControlReadable() {
+		return controlStatus(unreadableControl(r.gather.cfg.Control.String()))
+	}
 	return controlStatus(readControl(r.gather.caches.Control()))
 }
 
