@@ -159,7 +159,9 @@ func TestUpgradeFromThePreviousRelease(t *testing.T) {
 	t.Cleanup(func() { env.kubectlDeleteClusterScoped(old) })
 	kubeconfig, _ := env.serviceAccountKubeconfig(rel, "raysync")
 	port := freePort(t)
-	oldArgs := append(chartArgs(t, old, port), "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms")
+	// --control=-: 0.1.0 had no control ConfigMap (and its Roles grant none; the binary here would read
+	// that as paused).
+	oldArgs := append(chartArgs(t, old, port), "--leader-election-namespace="+rel, "--leader-election-retry-period=500ms", "--control=-")
 	s := env.StartSyncerAs(kubeconfig, oldArgs...)
 	env.CreateRayCluster(rayCluster(ns, "held"))
 	env.CreateRayCluster(rayCluster(ns, "restarting", withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})))
