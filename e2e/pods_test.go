@@ -145,7 +145,7 @@ func TestPullSecretReachesEveryRayPod(t *testing.T) {
 			t.Errorf("copy metadata: %v %v", copySecret.Labels, copySecret.Annotations)
 		}
 		// Templates list it; the pods KubeRay made before the patch were recycled and replaced.
-		pods := env.WaitAllPods(ns, rc.GetName(), 2, 60*time.Second, "listing the pull secret", listsPullSecret("regcred"))
+		pods := env.WaitAllPods(ns, rc.GetName(), 2, 90*time.Second, "listing the pull secret", listsPullSecret("regcred"))
 		old := map[string]bool{}
 		for _, p := range before {
 			old[string(p.UID)] = true

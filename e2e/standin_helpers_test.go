@@ -68,9 +68,27 @@ func (e *Env) WaitPodsReady(ns, selector string, n int, timeout time.Duration) [
 		return true, nil
 	})
 	if err != nil {
-		e.t.Fatalf("pods %s in %s: want %d Ready, have %s after %s", selector, ns, n, describePods(pods), timeout)
+		e.t.Fatalf("pods %s in %s: want %d Ready, have %s after %s; Events:\n%s", selector, ns, n, describePods(pods), timeout,
+			e.eventsAbout(ns, selector[strings.LastIndex(selector, "=")+1:]))
 	}
 	return pods
+}
+
+// eventsAbout lists, for a failure message, the Events in ns about objects whose name starts with prefix
+// (a cluster's name: its pods, its Secret, itself), whoever wrote them (KubeRay, raysync, the kubelet).
+func (e *Env) eventsAbout(ns, prefix string) string {
+	l, err := e.Kube.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, ev := range l.Items {
+		if strings.HasPrefix(ev.InvolvedObject.Name, prefix) {
+			fmt.Fprintf(&b, "  %s %s %s/%s %s: %s (x%d)\n", ev.LastTimestamp.Format(time.TimeOnly), ev.Source.Component,
+				ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Reason, ev.Message, ev.Count)
+		}
+	}
+	return b.String()
 }
 
 // WaitPod waits until the named pod satisfies cond and returns it.

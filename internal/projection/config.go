@@ -68,10 +68,15 @@ type PodOptions struct {
 
 func (o PodOptions) enabled() bool { return len(o.PullSecrets) > 0 || o.AutoscalerTLS != nil }
 
-// RecycleGrace is the minimum age of a pod raysync recycles: KubeRay counts on seeing the pods it
-// creates (its scale expectations), and a pod deleted before KubeRay observed it stalls its
-// recreation for 30 s or more. Creation timestamps have one-second resolution.
-const RecycleGrace = 5 * time.Second
+// RecycleGrace is the minimum age of a pod raysync recycles. KubeRay (v1.1+) expects every pod it
+// creates (its scale expectations) and creates no pod of that group until a reconcile finds it in its
+// cache, or 30 s passed (ExpectationsTimeout). A pod deleted before such a reconcile (KubeRay's queue
+// or cache a few seconds behind is enough) leaves its group without a pod for 30 s, and then until the
+// next event on the cluster: up to RAYCLUSTER_DEFAULT_REQUEUE_SECONDS (300 s) for a head whose workers
+// wait for it (TestFleetRotation on v1.5.1 under CI load, with a grace of 5 s). Past 30 s the deletion
+// itself makes KubeRay recreate it. 5 s on top for the delay between the pod's creation and KubeRay
+// recording it, clock skew, and one-second timestamps.
+const RecycleGrace = 35 * time.Second
 
 // withDefaults fills what the zero value leaves out.
 func (c Config) withDefaults() Config {

@@ -66,9 +66,9 @@ func TestPlanPodConfig(t *testing.T) {
 					"deleted pending pod p1 (missing pull_secret, containers never started) so KubeRay recreates it from the fixed template")}
 			},
 		},
-		"a pending pod KubeRay may not have seen yet: look again when it is 5 s old": {
-			cfg: pull, rc: fixed(), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateInSync, wantRequeue: 3 * time.Second,
-			opts: []func(*ClusterInput){copies(pullCopy()), pods(rayPod("p1", "c1", createdAt(planNow.Add(-2*time.Second))))},
+		"a pending pod KubeRay may not have seen yet: look again when it is 35 s old": {
+			cfg: pull, rc: fixed(), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateInSync, wantRequeue: 6 * time.Second,
+			opts: []func(*ClusterInput){copies(pullCopy()), pods(rayPod("p1", "c1", createdAt(planNow.Add(-29*time.Second))))},
 		},
 		"a running pod: reported once, never deleted": {
 			cfg: pull, rc: fixed(), sources: []*corev1.Secret{pullSecretSource()}, wantState: names.StateInSync, wantStale: 1,
