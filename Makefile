@@ -17,8 +17,8 @@ image: ## build raysync's image as the Dockerfile's final stage describes it (no
 chart: ## helm package deploy/helm/raysync and helm push it (OCI) to the registry of make dev-cluster NODE=real
 	$(GO) run ./e2e/cmd/devcluster chart
 
-release: ## VERSION=x.y.z REGISTRY=host[:port][/path]: syncer for linux and darwin (amd64, arm64) with SBOMs and SHA256SUMS in dist/, the image (linux/amd64+arm64, no Docker engine) and the chart (OCI) pushed to REGISTRY (docs/contributing/releasing.md)
-	$(GO) run ./tools/release -version "$(VERSION)" -registry "$(REGISTRY)" $(if $(SET_VERSION),-set-version) $(if $(CA_FILE),-ca-file "$(CA_FILE)") $(if $(PLAIN_HTTP),-plain-http)
+release: ## VERSION=x.y.z REGISTRY=host[:port][/path] [DOCS_URL=https://...]: syncer for linux and darwin (amd64, arm64) with SBOMs and SHA256SUMS in dist/, the image (linux/amd64+arm64, no Docker engine) and the chart (OCI) pushed to REGISTRY (docs/contributing/releasing.md)
+	$(GO) run ./tools/release -version "$(VERSION)" -registry "$(REGISTRY)" $(if $(SET_VERSION),-set-version) $(if $(CA_FILE),-ca-file "$(CA_FILE)") $(if $(PLAIN_HTTP),-plain-http) $(if $(DOCS_URL),-docs-url "$(DOCS_URL)")
 
 test: ## everything: vet, the docs site, unit tests, each fuzz target for 3s, then e2e on a local control plane with KubeRay v1.5.1 and v1.6.1
 	$(GO) run ./e2e/cmd/devcluster build -first  # what the e2e packages build on first use, before they start (docs/contributing/harness.md)

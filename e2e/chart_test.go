@@ -884,12 +884,13 @@ func jsonOf(v any) string {
 	return string(b)
 }
 
-// TestChartAlertsLinkTheirRunbooks renders the PrometheusRule with the default runbook URL (the docs of
-// the chart's version) and with prometheusRule.runbookURL set: every alert links its own runbook page.
+// TestChartAlertsLinkTheirRunbooks renders the PrometheusRule with the default docs site, with docsURL
+// set, and with prometheusRule.runbookURL set: every alert links its own runbook page.
 func TestChartAlertsLinkTheirRunbooks(t *testing.T) {
 	base := "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true,prometheusRule.enabled=true,gateway.enabled=true"
 	for set, want := range map[string]string{
-		"": "https://github.com/raysync/raysync/blob/v0.2.0/docs/runbooks/%s.md",
+		"": "https://raysync.github.io/raysync/runbooks/%s/",
+		",docsURL=https://docs.example.com/platform/raysync": "https://docs.example.com/platform/raysync/runbooks/%s/",
 		",prometheusRule.runbookURL=https://docs.example.com/raysync/runbooks/{alert}/": "https://docs.example.com/raysync/runbooks/%s/",
 	} {
 		out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/prometheusrule.yaml", "--set", base+set)

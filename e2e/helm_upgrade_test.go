@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/raysync/raysync/e2e/framework"
@@ -103,8 +104,49 @@ func TestHelmUpgradeFromThePreviousPackagedChart(t *testing.T) {
 			}
 			// raysync as the upgraded Deployment runs it (its arguments, its ServiceAccount, POD_NAMESPACE): ready.
 			kubeconfig, _ := env.serviceAccountKubeconfig(rel, dep.Spec.Template.Spec.ServiceAccountName)
+			b := env.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + rel}, nil, append(deploymentArgs(dep), "--leader-election-retry-period=500ms")...)
+			ledger := env.WaitSecret(rel, release+"-raysync-rotations", 30*time.Second, nil)
+			if _, err := env.Kube.CoreV1().ConfigMaps(rel).Get(env.ctx, release+"-raysync-control", metav1.GetOptions{}); err != nil {
+				t.Errorf("the upgraded release has no control ConfigMap: %v", err)
+			}
+			if tc.name != "with the values file" {
+				return
+			}
+
+			// Roll back (docs/guides/upgrade.md#roll-back): revision 3 is chart 0.1.0 again; what the
+			// new chart added is gone, what raysync wrote (the ledger) stays; rolling forward again works.
+			b.Kill()
+			if out, err := helm(t, append([]string{"rollback", release, "1"}, kube...)...); err != nil {
+				t.Fatalf("helm rollback: %v\n%s", err, out)
+			}
+			history, _ = helm(t, append([]string{"history", release, "-o", "json"}, kube...)...)
+			if !strings.Contains(history, `"revision":3,`) || !strings.Contains(history, `"chart":"raysync-0.1.0","app_version":"0.1.0","description":"Rollback to 1"`) {
+				t.Errorf("release after the rollback: %s", history)
+			}
+			dep, err = env.Kube.AppsV1().Deployments(rel).Get(env.ctx, release+"-raysync", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if img := dep.Spec.Template.Spec.Containers[0].Image; !strings.HasSuffix(img, ":0.1.0") {
+				t.Errorf("the rolled-back Deployment runs %s", img)
+			}
+			if _, err := env.Kube.CoreV1().ConfigMaps(rel).Get(env.ctx, release+"-raysync-control", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the control ConfigMap after the rollback: %v, want it deleted with the chart that made it", err)
+			}
+			if cur := env.WaitSecret(rel, release+"-raysync-rotations", time.Second, nil); cur.ResourceVersion != ledger.ResourceVersion {
+				t.Error("the rollback changed the rotation ledger")
+			}
+			if out, err := helm(t, append([]string{"upgrade", release, chart, "-f", values}, kube...)...); err != nil {
+				t.Fatalf("helm upgrade after the rollback: %v\n%s", err, out)
+			}
+			dep, err = env.Kube.AppsV1().Deployments(rel).Get(env.ctx, release+"-raysync", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
 			env.startBinary(kubeconfig, "/readyz", []string{"POD_NAMESPACE=" + rel}, nil, append(deploymentArgs(dep), "--leader-election-retry-period=500ms")...)
-			env.WaitSecret(rel, release+"-raysync-rotations", 30*time.Second, nil)
+			if cur := env.WaitSecret(rel, release+"-raysync-rotations", time.Second, nil); string(cur.Data["rotations.json"]) != string(ledger.Data["rotations.json"]) {
+				t.Error("rolling forward again started a rotation")
+			}
 		})
 	}
 }

@@ -188,13 +188,17 @@ func chartReadme(root string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	docs, err := docsURL(root)
+	if err != nil {
+		return nil, err
+	}
 	var b strings.Builder
 	b.WriteString(header)
 	b.WriteString(`# raysync chart
 
 One canonical Ray auth token, registry pull secrets and autoscaler client TLS for every RayCluster run by stock
-KubeRay (v1.5.1, v1.6.1). Documentation: https://github.com/raysync/raysync/tree/main/docs (start with
-getting-started/helm.md; every alert's runbook is in runbooks/).
+KubeRay (v1.5.1, v1.6.1). Documentation: ` + docs + ` (the value ` + "`docsURL`" + `; start with getting-started/helm/;
+every alert links its runbook there).
 
 ## Install
 
@@ -232,4 +236,19 @@ func chartVersion(root string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("deploy/helm/raysync/Chart.yaml: no version")
+}
+
+// docsURL is values.yaml's docsURL: the docs site the chart links to.
+func docsURL(root string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join(root, chartDir, "values.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var v struct {
+		DocsURL string `yaml:"docsURL"`
+	}
+	if err := yaml.Unmarshal(raw, &v); err != nil || v.DocsURL == "" {
+		return "", fmt.Errorf("values.yaml: no docsURL (%v)", err)
+	}
+	return v.DocsURL, nil
 }

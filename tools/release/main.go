@@ -39,8 +39,8 @@ func main() {
 }
 
 type options struct {
-	version, registry, dist, caFile string
-	setVersion, plainHTTP           bool
+	version, registry, dist, caFile, docsURL string
+	setVersion, plainHTTP                    bool
 }
 
 // run returns 0 released, 1 failed midway, 2 refused before doing anything.
@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.registry, "registry", "", "host[:port][/path]: the image goes to REGISTRY/raysync, the chart to oci://REGISTRY/charts")
 	fs.StringVar(&o.dist, "dist", "dist", "directory for the binaries, SBOMs, chart and SHA256SUMS")
 	fs.StringVar(&o.caFile, "ca-file", "", "CA bundle to trust for the registry, besides the system's")
+	fs.StringVar(&o.docsURL, "docs-url", "", "where you serve this release's docs site (make docs builds it into site/): the published chart's docsURL, which every alert and the install notes link into (default: the chart's, mkdocs.yml's site_url)")
 	fs.BoolVar(&o.setVersion, "set-version", false, "when VERSION differs from Chart.yaml's, write it there (and into the kustomize base) and stop: commit, then release")
 	fs.BoolVar(&o.plainHTTP, "plain-http", false, "talk HTTP, not HTTPS, to the registry (a local test registry)")
 	if err := fs.Parse(args); err != nil {
@@ -84,6 +85,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func (o *options) check(root string) (replaced string, err error) {
 	if err := checkVersion(o.version); err != nil {
 		return "", err
+	}
+	if o.docsURL != "" {
+		if _, err := withDocsURL("docsURL: x", o.docsURL); err != nil {
+			return "", err
+		}
 	}
 	reg, err := checkRegistry(o.registry)
 	if err != nil {
@@ -291,6 +297,11 @@ func (o *options) packageChart(ctx context.Context, root, dist string, logf func
 	v, err := withImageRepository(string(values), o.registry+"/raysync")
 	if err != nil {
 		return "", err
+	}
+	if o.docsURL != "" {
+		if v, err = withDocsURL(v, o.docsURL); err != nil {
+			return "", err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dst, "values.yaml"), []byte(v), 0o644); err != nil {
 		return "", err

@@ -179,6 +179,38 @@ func TestWithImageRepository(t *testing.T) {
 	}
 }
 
+func TestWithDocsURL(t *testing.T) {
+	root, _ := framework.RepoRoot()
+	real, _ := os.ReadFile(filepath.Join(root, "deploy/helm/raysync/values.yaml"))
+	for in, want := range map[string]string{
+		"https://docs.example.com/raysync":  "docsURL: https://docs.example.com/raysync/",
+		"https://docs.example.com/raysync/": "docsURL: https://docs.example.com/raysync/",
+	} {
+		got, err := withDocsURL(string(real), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(got, "\n"+want+"\n") || strings.Count(got, "docsURL:") != 1 {
+			t.Errorf("%s: docsURL lines %q", in, regexpLines(got, "docsURL:"))
+		}
+	}
+	for _, bad := range []string{"docs.example.com", "ftp://x", "https://x y", "https://x/#a"} {
+		if _, err := withDocsURL(string(real), bad); err == nil {
+			t.Errorf("DOCS_URL %q accepted", bad)
+		}
+	}
+}
+
+func regexpLines(s, prefix string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // The SBOM lists every module of the build info (a replaced one by its replacement) and the standard
 // library, and is the same document for the same binary.
 func TestSBOM(t *testing.T) {

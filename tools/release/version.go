@@ -135,3 +135,22 @@ func withImageRepository(values, repo string) (string, error) {
 	}
 	return strings.Join(lines, "\n"), nil
 }
+
+// withDocsURL sets the top-level docsURL of values.yaml (every alert's runbook_url and the notes' links).
+func withDocsURL(values, url string) (string, error) {
+	if !strings.HasPrefix(url, "https://") && !strings.HasPrefix(url, "http://") || strings.ContainsAny(url, " \t\n\"'#") {
+		return "", fmt.Errorf("DOCS_URL %q: want an http(s) URL, the docs site's base", url)
+	}
+	lines := strings.Split(values, "\n")
+	n := 0
+	for i, l := range lines {
+		if strings.HasPrefix(l, "docsURL:") {
+			lines[i] = "docsURL: " + strings.TrimSuffix(url, "/") + "/"
+			n++
+		}
+	}
+	if n != 1 {
+		return "", fmt.Errorf("values.yaml: %d docsURL lines, want 1", n)
+	}
+	return strings.Join(lines, "\n"), nil
+}

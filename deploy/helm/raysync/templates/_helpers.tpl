@@ -126,3 +126,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ $repo }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+
+{{/* The docs site's base URL, ending in "/": every alert and the notes link to pages under it. */}}
+{{- define "raysync.docs" -}}
+{{ trimSuffix "/" .Values.docsURL }}/
+{{- end -}}
