@@ -890,7 +890,7 @@ func TestChartAlertsLinkTheirRunbooks(t *testing.T) {
 	base := "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true,prometheusRule.enabled=true,gateway.enabled=true"
 	for set, want := range map[string]string{
 		"": "https://raysync.github.io/raysync/runbooks/%s/",
-		",docsURL=https://docs.example.com/platform/raysync": "https://docs.example.com/platform/raysync/runbooks/%s/",
+		",docsURL=https://docs.example.com/platform/raysync":                            "https://docs.example.com/platform/raysync/runbooks/%s/",
 		",prometheusRule.runbookURL=https://docs.example.com/raysync/runbooks/{alert}/": "https://docs.example.com/raysync/runbooks/%s/",
 	} {
 		out, err := helm(t, "template", "raysync", chart, "--namespace", "raysync", "--show-only", "templates/prometheusrule.yaml", "--set", base+set)
