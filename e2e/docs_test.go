@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -452,6 +453,7 @@ func TestDocsRunbooksRun(t *testing.T) {
 	pages := map[string]struct {
 		shows   []string // what the page's commands print, together
 		allowed []string // errors the harness gives where a cluster would not
+		exits   []int    // each block's exit status, in order (nil: every block exits 0)
 	}{
 		"index.md":              {shows: []string{cns, "c1"}},
 		"client-auth-errors.md": {shows: []string{digest + "\n" + digest + "\n", "c1"}},
@@ -499,10 +501,24 @@ func TestDocsRunbooksRun(t *testing.T) {
 				t.Fatalf("%s has no commands", page)
 			}
 			var got strings.Builder
+			var exits []int
 			for _, b := range blocks {
 				// Without -e, as a reader pastes them: a grep that finds nothing does not stop the rest.
-				o, _ := sh.shell(nil, b, vars...)
+				// The block's status is its last command's, which the page promises (0 unless listed).
+				o, err := sh.shell(nil, b, vars...)
+				var exit *exec.ExitError
+				switch {
+				case errors.As(err, &exit):
+					exits = append(exits, exit.ExitCode())
+				case err != nil:
+					t.Fatal(err)
+				default:
+					exits = append(exits, 0)
+				}
 				got.WriteString(o)
+			}
+			if w := want.exits; !slices.Equal(exits, w) && !(w == nil && !slices.ContainsFunc(exits, func(c int) bool { return c != 0 })) {
+				t.Errorf("the blocks of %s exited %v, want %v (nil: all 0)", page, exits, w)
 			}
 			for _, line := range strings.Split(got.String(), "\n") {
 				if !slices.ContainsFunc(docsDrift, func(d string) bool { return strings.Contains(line, d) }) ||

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/raysync/raysync/e2e/framework"
 	"github.com/raysync/raysync/internal/kuberay"
@@ -317,6 +319,66 @@ func (e *Env) secretListRV(ns string) string {
 		e.t.Fatal(err)
 	}
 	return l.ResourceVersion
+}
+
+// Consistently checks f every 200 ms for d and fails the test at the first error: a "never" claim
+// looked at over its window, not once.
+func (e *Env) Consistently(d time.Duration, f func() error) {
+	e.t.Helper()
+	for end := time.Now().Add(d); ; time.Sleep(200 * time.Millisecond) {
+		if err := f(); err != nil {
+			e.t.Fatalf("within %s: %v", d, err)
+		}
+		if time.Now().After(end) {
+			return
+		}
+	}
+}
+
+// secretChangesSince replays every change to Secrets of ns since resourceVersion rv (a watch from rv
+// delivers each one, in order, as long as etcd has not compacted them away: minutes) and returns them as
+// "TYPE name", those of the named Secrets only when names are given. It ends at a marker Secret it
+// writes itself, so every change before the call is in. A test claiming nothing was written over a
+// window checks the whole window this way, not one look at its end.
+func (e *Env) secretChangesSince(ns, rv string, names ...string) []string {
+	e.t.Helper()
+	w, err := e.Kube.CoreV1().Secrets(ns).Watch(e.ctx, metav1.ListOptions{ResourceVersion: rv})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer w.Stop()
+	marker, err := e.Kube.CoreV1().Secrets(ns).Create(e.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{GenerateName: "window-end-"}}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() {
+		_ = e.Kube.CoreV1().Secrets(ns).Delete(context.Background(), marker.Name, metav1.DeleteOptions{})
+	}()
+	var changes []string
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				e.t.Fatal("the watch replaying the window ended early")
+			}
+			if ev.Type == watch.Error {
+				e.t.Fatalf("the watch replaying the window: %v (compacted?)", ev.Object)
+			}
+			s, ok := ev.Object.(*corev1.Secret)
+			if !ok {
+				continue
+			}
+			if s.Name == marker.Name {
+				return changes
+			}
+			if len(names) == 0 || slices.Contains(names, s.Name) {
+				changes = append(changes, string(ev.Type)+" "+s.Name)
+			}
+		case <-timeout:
+			e.t.Fatal("the watch replaying the window never delivered its end marker")
+		}
+	}
 }
 
 // WaitEventMessage waits for an Event from raysync with reason on object whose message contains substr.

@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"os/exec"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raysync/raysync/internal/kuberay"
+	"github.com/raysync/raysync/internal/projection"
 )
 
 const dockerConfig = `{"auths":{"registry.example.internal":{"auth":"cmF5OnMzY3JldC1yZWdpc3RyeS1wYXNz"}}}`
@@ -290,9 +292,14 @@ func TestInvalidPodSourcesWriteNothing(t *testing.T) {
 		crt, key := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 		otherCrt, _ := env.ClientCert(time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 		env.PutSecret(srcNS, "client-tls", corev1.SecretTypeOpaque, map[string][]byte{"tls.crt": otherCrt, "tls.key": key})
+		// The window: from raysync's start to the fix, no copy is written and no template patched (every
+		// Secret change in ns replayed from here; the cluster's generation, 1 at its creation, which every
+		// spec change moves).
+		windowRV := env.secretListRV(ns)
 		s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns,
 			"--pull-secret="+srcNS+"/regcred", "--autoscaler-tls-secret="+srcNS+"/client-tls")
 		env.CreateRayCluster(rayCluster(ns, "guarded", func(spec map[string]any) { spec["enableInTreeAutoscaling"] = true }))
+		const generation = 1
 		env.WaitPods(ns, "guarded", 2, 30*time.Second)
 
 		expiredCrt, expiredKey := env.ClientCert(time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
@@ -332,17 +339,18 @@ func TestInvalidPodSourcesWriteNothing(t *testing.T) {
 			s.WaitMetric("raysync_source_valid", map[string]string{"source": srcNS + "/client-tls"}, 0, 10*time.Second)
 			env.WaitEventMessage(srcNS, "client-tls", "SourceInvalid", 10*time.Second, c.hint)
 		}
-		// Nothing was written for them: no copies, templates untouched.
-		for _, n := range []string{"regcred", "client-tls"} {
-			if _, err := env.Kube.CoreV1().Secrets(ns).Get(env.ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("copy %s written from an invalid source (err %v)", n, err)
-			}
+		s.WaitMetric("raysync_targets", map[string]string{"kind": "pull_secret", "state": "source_invalid"}, 1, 10*time.Second)
+		// Nothing was written for them over the whole window: no copy, no template patch.
+		if changes := env.secretChangesSince(ns, windowRV, "regcred", "client-tls"); len(changes) > 0 {
+			t.Errorf("copies written from invalid sources: %v", changes)
 		}
 		rc := env.GetRayCluster(ns, "guarded")
+		if rc.GetGeneration() != generation {
+			t.Errorf("the RayCluster's spec changed (generation %d → %d) while every pod source was invalid", generation, rc.GetGeneration())
+		}
 		if l, _, _ := unstructured.NestedSlice(rc.Object, "spec", "headGroupSpec", "template", "spec", "imagePullSecrets"); len(l) > 0 {
 			t.Errorf("template patched from an invalid source")
 		}
-		s.WaitMetric("raysync_targets", map[string]string{"kind": "pull_secret", "state": "source_invalid"}, 1, 10*time.Second)
 
 		// Fixed: everything converges without a restart.
 		env.PutSecret(srcNS, "regcred", corev1.SecretTypeDockerConfigJson, map[string][]byte{".dockerconfigjson": []byte(dockerConfig)})
@@ -426,11 +434,15 @@ func TestPodCopiesPrunedAndForeignNeverTouched(t *testing.T) {
 		env.WaitSecretGone(ns, "regcred", 30*time.Second)
 
 		env.DeleteRayCluster(foreignNS, "c")
-		time.Sleep(2 * time.Second)
-		cur, err := env.Kube.CoreV1().Secrets(foreignNS).Get(env.ctx, "regcred", metav1.GetOptions{})
-		if err != nil || cur.ResourceVersion != foreign.ResourceVersion {
-			t.Errorf("foreign Secret touched: %v", err)
-		}
+		// Its last cluster gone, the Secret raysync never owned stays as it was (looked at for 10 s: a
+		// prune runs within milliseconds of the deletion; a write at any time changes its resourceVersion).
+		env.Consistently(10*time.Second, func() error {
+			cur, err := env.Kube.CoreV1().Secrets(foreignNS).Get(env.ctx, "regcred", metav1.GetOptions{})
+			if err != nil || cur.ResourceVersion != foreign.ResourceVersion {
+				return fmt.Errorf("foreign Secret touched (err %v)", err)
+			}
+			return nil
+		})
 	})
 }
 
@@ -453,12 +465,22 @@ func TestRunningPodsAreNeverRecycled(t *testing.T) {
 		// ...but the running pods stay, reported as stale.
 		s.WaitMetric("raysync_stale_pods", map[string]string{"namespace": ns, "raycluster": "busy", "reason": "pull_secret"}, 2, 30*time.Second)
 		env.WaitEvent(ns, "busy", "StalePodConfig", 10*time.Second)
+		// Looked at until both pods are past the age raysync recycles at (and a requeue after), not once.
+		var youngest time.Time
 		for _, p := range pods {
-			cur, err := env.Kube.CoreV1().Pods(ns).Get(env.ctx, p.Name, metav1.GetOptions{})
-			if err != nil || cur.UID != p.UID || cur.DeletionTimestamp != nil {
-				t.Errorf("running pod %s was deleted", p.Name)
+			if p.CreationTimestamp.After(youngest) {
+				youngest = p.CreationTimestamp.Time
 			}
 		}
+		env.Consistently(time.Until(youngest.Add(projection.RecycleGrace+10*time.Second)), func() error {
+			for _, p := range pods {
+				cur, err := env.Kube.CoreV1().Pods(ns).Get(env.ctx, p.Name, metav1.GetOptions{})
+				if err != nil || cur.UID != p.UID || cur.DeletionTimestamp != nil {
+					return fmt.Errorf("running pod %s was deleted", p.Name)
+				}
+			}
+			return nil
+		})
 		if v, _ := s.Metric("raysync_pods_recycled_total", map[string]string{"reason": "pull_secret"}); v != 0 {
 			t.Errorf("raysync_pods_recycled_total = %v", v)
 		}
