@@ -59,7 +59,7 @@ func TestEveryAlertAndNotesLinkIsAPageOfTheSite(t *testing.T) {
 
 	url := regexp.MustCompile(`https?://[^\s"'()<>]+`)
 	for _, base := range []string{"", "https://docs.example.com/platform/raysync", "https://docs.example.com/platform/raysync/"} {
-		set := "authSource.namespace=src,authSource.name=ray-token,namespaces={ml},prometheusRule.enabled=true,gateway.enabled=true"
+		set := "image.repository=registry.example.com/raysync,authSource.namespace=src,authSource.name=ray-token,namespaces={ml},prometheusRule.enabled=true,gateway.enabled=true"
 		want := mk.SiteURL
 		if base != "" {
 			set += ",docsURL=" + base

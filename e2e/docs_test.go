@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -441,10 +442,27 @@ func TestDocsRunbooksRun(t *testing.T) {
 		"SRC_NS=raysync SRC=ray-token", "SRC_NS="+src+" SRC=ray-token",
 		"SRC_NS=raysync SRC=autoscaler-tls", "SRC_NS="+src+" SRC=autoscaler-tls")
 	sh.startDeployments(rel)
-	gw := env.StartGateway(types.NamespacedName{Namespace: rel, Name: fullname + "-gateway"})
+	gw := env.StartGateway(types.NamespacedName{Namespace: rel, Name: fullname + "-gateway"}, "--log-level=debug") // as the refusing-clients page asks
 	sh.procs[rel+"."+fullname+"-gateway"] = gw.Syncer
 	env.CreateRayCluster(rayCluster(cns, "c1"))
 	env.WaitSecret(cns, "c1", time.Minute, holds(token))
+	// Two callers the gateway refuses (no token; a wrong one), for the refusing-clients page to find.
+	wrong := env.NewToken()
+	for _, auth := range []string{"", "Bearer " + wrong} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+gw.DashboardAddr+"/api/jobs/", nil)
+		req.Host = "c1-gw." + cns + ".svc.cluster.local:8265"
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("the gateway answered a caller (token: %t): %s, want 401 or 403", auth != "", resp.Status)
+		}
+	}
 	sum := sha256.Sum256([]byte(token))
 	digest := hex.EncodeToString(sum[:8])
 
@@ -458,15 +476,15 @@ func TestDocsRunbooksRun(t *testing.T) {
 		"index.md":              {shows: []string{cns, "c1"}},
 		"client-auth-errors.md": {shows: []string{digest + "\n" + digest + "\n", "c1"}},
 		"raysyncautoscalercertexpiringsoon.md": {shows: []string{"notAfter="},
-			allowed: []string{`the server doesn't have a resource type "certificate"`}}, // no cert-manager here
-		"raysyncclustersbehind.md": {},
+			allowed: []string{`the server doesn't have a resource type "certificate"`}, exits: []int{1}}, // no cert-manager here
+		"raysyncclustersbehind.md": {shows: []string{" " + cns + "/c1 policy=gateway"}}, // run last, after a rotation
 		"raysyncrotationpaused.md": {shows: []string{"SOURCE"}},
 		"stop-the-wave.md":         {shows: []string{"paused:", "PAUSED", "wave stopped", "resumed"}},
 		"wrong-token.md":           {shows: []string{"paused:", "secret/ray-token replaced", "resumed"}},
 		"raysyncdown.md": {shows: []string{"Name:", fullname},
-			allowed: []string{"previous terminated container"}}, // a raysync that never restarted
+			allowed: []string{"previous terminated container"}, exits: []int{1}}, // a raysync that never restarted
 		"raysyncgatewaydown.md":                 {shows: []string{fullname + "-gateway", "gateway"}},
-		"raysyncgatewayrefusingclients.md":      {},
+		"raysyncgatewayrefusingclients.md":      {shows: []string{`"result":"forbidden"`, `"result":"unauthenticated"`, `"host":"c1-gw.` + cns}},
 		"raysyncgatewaytableinvalid.md":         {shows: []string{fullname + "-gateway", "--gateway-table"}},
 		"raysyncgatewayupstreamauthfailures.md": {shows: []string{cns}},
 		"raysyncnoleader.md":                    {shows: []string{"holderIdentity", "leader", "yes"}},
@@ -485,53 +503,76 @@ func TestDocsRunbooksRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// run runs page's blocks; done says whether what they printed shows everything the table says.
+	run := func(t *testing.T, page string) (out string, exits []int) {
+		blocks := shBlocks(t, "runbooks/"+page)
+		if len(blocks) == 0 {
+			t.Fatalf("%s has no commands", page)
+		}
+		var got strings.Builder
+		for _, b := range blocks {
+			// Without -e, as a reader pastes them: a grep that finds nothing does not stop the rest.
+			// The block's status is its last command's, which the page promises (0 unless listed).
+			o, err := sh.shell(nil, b, vars...)
+			var exit *exec.ExitError
+			switch {
+			case errors.As(err, &exit):
+				exits = append(exits, exit.ExitCode())
+			case err != nil:
+				t.Fatal(err)
+			default:
+				exits = append(exits, 0)
+			}
+			got.WriteString(o)
+		}
+		return got.String(), exits
+	}
+	check := func(t *testing.T, page, out string, exits []int) {
+		want := pages[page]
+		if w := want.exits; !slices.Equal(exits, w) && !(w == nil && !slices.ContainsFunc(exits, func(c int) bool { return c != 0 })) {
+			t.Errorf("the blocks of %s exited %v, want %v (nil: all 0)", page, exits, w)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if !slices.ContainsFunc(docsDrift, func(d string) bool { return strings.Contains(line, d) }) ||
+				slices.ContainsFunc(want.allowed, func(a string) bool { return strings.Contains(line, a) }) {
+				continue
+			}
+			t.Errorf("a command of %s failed as written: %s", page, sh.redact(line))
+		}
+		for _, s := range want.shows {
+			if !strings.Contains(out, s) {
+				t.Errorf("the commands of %s did not show %q", page, sh.redact(s))
+			}
+		}
+		if strings.Contains(out, wrong) {
+			t.Errorf("the commands of %s printed a caller's credential", page)
+		}
+	}
 	for _, path := range all {
 		page := filepath.Base(path)
-		if page == "raysyncrotationblocked.md" {
+		if page == "raysyncrotationblocked.md" || page == "raysyncclustersbehind.md" {
 			continue
 		}
-		want, ok := pages[page]
-		if !ok {
+		if _, ok := pages[page]; !ok {
 			t.Errorf("runbook %s is not run by this test: add it to the table", page)
 			continue
 		}
 		t.Run(strings.TrimSuffix(page, ".md"), func(t *testing.T) {
-			blocks := shBlocks(t, "runbooks/"+page)
-			if len(blocks) == 0 {
-				t.Fatalf("%s has no commands", page)
-			}
-			var got strings.Builder
-			var exits []int
-			for _, b := range blocks {
-				// Without -e, as a reader pastes them: a grep that finds nothing does not stop the rest.
-				// The block's status is its last command's, which the page promises (0 unless listed).
-				o, err := sh.shell(nil, b, vars...)
-				var exit *exec.ExitError
-				switch {
-				case errors.As(err, &exit):
-					exits = append(exits, exit.ExitCode())
-				case err != nil:
-					t.Fatal(err)
-				default:
-					exits = append(exits, 0)
-				}
-				got.WriteString(o)
-			}
-			if w := want.exits; !slices.Equal(exits, w) && !(w == nil && !slices.ContainsFunc(exits, func(c int) bool { return c != 0 })) {
-				t.Errorf("the blocks of %s exited %v, want %v (nil: all 0)", page, exits, w)
-			}
-			for _, line := range strings.Split(got.String(), "\n") {
-				if !slices.ContainsFunc(docsDrift, func(d string) bool { return strings.Contains(line, d) }) ||
-					slices.ContainsFunc(want.allowed, func(a string) bool { return strings.Contains(line, a) }) {
-					continue
-				}
-				t.Errorf("a command of %s failed as written: %s", page, sh.redact(line))
-			}
-			for _, s := range want.shows {
-				if !strings.Contains(got.String(), s) {
-					t.Errorf("the commands of %s did not show %q", page, sh.redact(s))
-				}
-			}
+			out, exits := run(t, page)
+			check(t, page, out, exits)
 		})
 	}
+	// Last: a new canonical token leaves c1 (policy gateway) behind, which that page lists.
+	t.Run("raysyncclustersbehind", func(t *testing.T) {
+		page := "raysyncclustersbehind.md"
+		env.PutSource(src, "ray-token", tokenData(env.NewToken()))
+		var out string
+		var exits []int
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(2 * time.Second) {
+			if out, exits = run(t, page); strings.Contains(out, cns+"/c1") || time.Now().After(deadline) {
+				break
+			}
+		}
+		check(t, page, out, exits)
+	})
 }

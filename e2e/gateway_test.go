@@ -27,7 +27,7 @@ type gatewayProc struct {
 
 // StartGateway runs a gateway replica reading table; it reaches the heads through the stand-in's
 // proxy, as the operator does.
-func (e *Env) StartGateway(table types.NamespacedName) *gatewayProc {
+func (e *Env) StartGateway(table types.NamespacedName, args ...string) *gatewayProc {
 	e.t.Helper()
 	port, err := framework.FreePort()
 	if err != nil {
@@ -40,8 +40,8 @@ func (e *Env) StartGateway(table types.NamespacedName) *gatewayProc {
 	proxy := e.StandIn().ClientProxyURL
 	g := &gatewayProc{DashboardAddr: fmt.Sprintf("127.0.0.1:%d", port), ClientAddr: fmt.Sprintf("127.0.0.1:%d", client)}
 	g.Syncer = e.startBinary(e.Kubeconfig, "/readyz", []string{"HTTP_PROXY=" + proxy, "http_proxy=" + proxy, "HTTPS_PROXY=", "https_proxy=", "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost"},
-		[]string{"gateway"}, "--table-secret="+table.String(), "--dashboard-addr="+g.DashboardAddr,
-		"--client-addr="+g.ClientAddr, "--drain-delay=0s")
+		[]string{"gateway"}, append([]string{"--table-secret=" + table.String(), "--dashboard-addr=" + g.DashboardAddr,
+			"--client-addr=" + g.ClientAddr, "--drain-delay=0s"}, args...)...)
 	return g
 }
 

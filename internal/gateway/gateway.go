@@ -415,10 +415,20 @@ func (r *recorder) end() {
 // client that announced one and never sends it holds nothing.
 func (r *recorder) refuse(req *http.Request, result string, cred Credential, status int, msg string) {
 	r.answer(result, cred)
+	r.g.logRefused(r.protocol, result, req.Host, req.RemoteAddr)
 	if req.ContentLength != 0 {
 		dropBody(r)
 	}
 	text(r, status, msg)
+}
+
+// logRefused says, at debug, which caller a refusal for want of an accepted credential went to: the
+// object it asked for and its address, never what it presented.
+func (g *Gateway) logRefused(protocol, result, host, remote string) {
+	if result == Unauthenticated || result == Forbidden {
+		g.opts.Log.Debug("refused", zap.String("result", result), zap.String("protocol", protocol),
+			zap.String("host", host), zap.String("remote", remote))
+	}
 }
 
 // dropBody makes the answer the request's last: its body is never read.

@@ -21,6 +21,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // The tokens of this file: what clients hold, and what the two clusters behind the gateway run on.
@@ -234,10 +238,11 @@ type harness struct {
 	dash       *httptest.Server
 	clientAddr string
 	mu         sync.Mutex
-	results    []string  // "protocol result credential"
-	seconds    []float64 // each result's latency as observed
-	upstream   []string  // protocols of upstream auth failures
-	clock      time.Time // the gateway's now
+	results    []string               // "protocol result credential"
+	seconds    []float64              // each result's latency as observed
+	upstream   []string               // protocols of upstream auth failures
+	clock      time.Time              // the gateway's now
+	logs       *observer.ObservedLogs // what the gateway logged, debug included
 
 	clientServer  *ClientServer
 	clientLimiter *ConnLimiter
@@ -260,7 +265,9 @@ func newHarness(t *testing.T, table *Table) *harness { return newHarnessWith(t, 
 // newHarnessWith is newHarness with limits (zero fields: the defaults).
 func newHarnessWith(t *testing.T, table *Table, limits Limits) *harness {
 	h := &harness{ray: newRay(t), clock: testNow}
-	h.gw = New(Options{DashboardPort: 8265, ClientPort: 10001, Now: h.now, Limits: limits,
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logs = logs
+	h.gw = New(Options{DashboardPort: 8265, ClientPort: 10001, Now: h.now, Limits: limits, Log: zap.New(core),
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var d net.Dialer
 			if strings.HasPrefix(addr, "gone-head-svc.") { // a head that is not there: refused
@@ -629,6 +636,52 @@ func TestRayClient(t *testing.T) {
 	}
 	if len(h.upstream) != 1 || h.upstream[0] != ProtoGRPC {
 		t.Errorf("upstream auth failures %v, want one (grpc)", h.upstream)
+	}
+}
+
+// TestRefusalsAreLoggedAtDebugWithoutTheCredential: every call refused for want of an accepted
+// credential (401/403 over HTTP, UNAUTHENTICATED over Ray Client) is logged at debug with its result,
+// the object it asked for and the caller's address (what the RaysyncGatewayRefusingClients runbook
+// greps for), and no field holds what the caller presented.
+func TestRefusalsAreLoggedAtDebugWithoutTheCredential(t *testing.T) {
+	h := newHarness(t, testTable())
+	wrong := "wrong-but-maybe-someones-real-token"
+	h.do(t, "GET", "/api/jobs/", "svc-gw.ml.svc:8265", nil)
+	h.do(t, "GET", "/api/jobs/", "svc-gw.ml.svc:8265", map[string]string{"Authorization": "Bearer " + wrong})
+	h.do(t, "POST", "/api/authenticate", "batch-gw.ml:8265", map[string]string{"Authorization": "Bearer " + wrong, "Content-Length": "0"})
+	for _, auth := range []string{"", "Bearer " + wrong} {
+		if _, _, err := h.call(t, "svc-gw.ml.svc:10001", auth, [][]byte{[]byte("one")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.do(t, "GET", "/api/jobs/", "svc-gw.ml.svc:8265", map[string]string{"Authorization": "Bearer " + string(clientCurrent)}) // accepted: not logged
+	want := []string{
+		"http unauthenticated svc-gw.ml.svc:8265",
+		"http forbidden svc-gw.ml.svc:8265",
+		"http forbidden batch-gw.ml:8265",
+		"grpc unauthenticated svc-gw.ml.svc:10001",
+		"grpc forbidden svc-gw.ml.svc:10001",
+	}
+	var got []string
+	for _, e := range h.logs.FilterMessage("refused").All() {
+		f := e.ContextMap()
+		if e.Level != zapcore.DebugLevel {
+			t.Errorf("logged at %s, want debug: a refusal per call at info floods the log", e.Level)
+		}
+		if r, _ := f["remote"].(string); !strings.HasPrefix(r, "127.0.0.1:") {
+			t.Errorf("remote %q: the caller's address is what finds the client", r)
+		}
+		got = append(got, fmt.Sprintf("%v %v %v", f["protocol"], f["result"], f["host"]))
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("refusals logged:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, e := range h.logs.All() {
+		for k, v := range e.ContextMap() {
+			if s := fmt.Sprint(v); strings.Contains(s, wrong) || strings.Contains(s, string(clientCurrent)) {
+				t.Errorf("log %q field %s holds a credential", e.Message, k)
+			}
+		}
 	}
 }
 

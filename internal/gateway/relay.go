@@ -532,7 +532,7 @@ type admission struct {
 	result    string // "" when forwarded
 	grpcCode  int
 	message   string
-	authority string
+	authority string // the address the stream named (also when refused: logged)
 	up        upstream
 }
 
@@ -565,9 +565,9 @@ func (r *relay) admit(fields []hpack.HeaderField) admission {
 	}
 	switch {
 	case cred == None && auth == "":
-		return admission{cred: None, result: Unauthenticated, grpcCode: grpcUnauthenticated, message: rayClientRefusal}
+		return admission{cred: None, result: Unauthenticated, grpcCode: grpcUnauthenticated, message: rayClientRefusal, authority: authority}
 	case cred == None:
-		return admission{cred: None, result: Forbidden, grpcCode: grpcUnauthenticated, message: rayClientRefusal}
+		return admission{cred: None, result: Forbidden, grpcCode: grpcUnauthenticated, message: rayClientRefusal, authority: authority}
 	case r.authority != "":
 		if !strings.EqualFold(authority, r.authority) {
 			return admission{cred: cred, result: NoRoute, grpcCode: grpcNotFound,
@@ -591,6 +591,7 @@ func (r *relay) open(pending []byte, first headerBlock) bool {
 		return false
 	}
 	a := r.admit(fields)
+	r.g.logRefused(ProtoGRPC, a.result, a.authority, r.client.RemoteAddr().String())
 	rec := &streamRecord{g: r.g, start: start, result: a.result, cred: a.cred}
 	if a.result == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -947,6 +948,7 @@ func (r *relay) clientHeaders(h frameHeader) error {
 		return nil
 	}
 	a := r.admit(fields)
+	r.g.logRefused(ProtoGRPC, a.result, a.authority, r.client.RemoteAddr().String())
 	rec := &streamRecord{g: r.g, start: start, result: a.result, cred: a.cred}
 	if a.result != "" {
 		r.writeClient(func(p []byte) []byte {
