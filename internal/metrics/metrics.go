@@ -60,6 +60,9 @@ type Snapshot struct {
 	Rotations []RotationState
 	// Paused: the control ConfigMap stops the wave (no replacement or restart starts).
 	Paused bool
+	// InvalidOther counts the clusters with an unreadable raysync annotation that have no rotation
+	// state (no token auth); those with one say it in Rotations.
+	InvalidOther int
 	// Now is when the snapshot was taken (ages are measured from it).
 	Now time.Time
 	// Standby: this replica does not lead, so it exports no cluster or source state (the leader does):
@@ -337,7 +340,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	rotations := map[[2]string]int{}
 	var oldest time.Time
-	invalid := 0
+	invalid := s.InvalidOther
 	for _, r := range s.Rotations {
 		rotations[[2]string{r.Kind, r.State}]++
 		if r.Invalid {

@@ -24,9 +24,10 @@ func TestScrapeTimeState(t *testing.T) {
 		Rotations: []RotationState{
 			{Namespace: "ray", RayCluster: "a", Kind: "RayService", State: names.TokenCurrent},
 			{Namespace: "ray", RayCluster: "b", Kind: "RayCluster", State: names.TokenBehind, Since: time.Unix(1000, 0)},
-			{Namespace: "ray", RayCluster: "c", Kind: "RayCluster", State: names.TokenBlocked, Since: time.Unix(1100, 0)},
+			{Namespace: "ray", RayCluster: "c", Kind: "RayCluster", State: names.TokenBlocked, Since: time.Unix(1100, 0), Invalid: true},
 		},
-		Now: time.Unix(1600, 0),
+		InvalidOther: 1, // a cluster without token auth with an unreadable raysync annotation
+		Now:          time.Unix(1600, 0),
 	}
 	m := New(func() Snapshot { return snap })
 	want := `
@@ -62,6 +63,9 @@ raysync_source_valid{source="sys/token"} 1
 	}
 	if n := testutil.CollectAndCount(m.Registry, "raysync_rotation_clusters"); n != 15 {
 		t.Errorf("raysync_rotation_clusters has %d series, want 15 (3 kinds x 5 states, zeros included)", n)
+	}
+	if v := testutil.ToFloat64(gaugeOf(t, m, "raysync_invalid_annotations", nil)); v != 2 {
+		t.Errorf("raysync_invalid_annotations = %v, want 2 (one with a rotation state, one without)", v)
 	}
 	// A cluster that disappears from the caches leaves no series.
 	snap.Targets = snap.Targets[:1]

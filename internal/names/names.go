@@ -9,7 +9,9 @@ const (
 	ManagedByLabel = "raysync.dev/managed-by"
 	ManagedByValue = "raysync"
 
-	// SkipAnnotation on a RayCluster ("true") makes raysync leave it alone.
+	// SkipAnnotation on a RayCluster ("true") makes raysync leave it alone. A value other than "true"
+	// or "false" is read as false, as before it was said (raysync keeps managing the cluster), and is
+	// reported (Event InvalidAnnotation, raysync_invalid_annotations, syncer status).
 	SkipAnnotation = "raysync.dev/skip"
 	// SourceAnnotation on a target names the source (NAMESPACE/NAME) it was last written from.
 	SourceAnnotation = "raysync.dev/source"

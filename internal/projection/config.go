@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -128,6 +129,20 @@ func (c Config) Watches(namespaces []string) informer.Config {
 func (c Config) InScope(rc *unstructured.Unstructured) bool {
 	return metaString(rc, "annotations", names.SkipAnnotation) != "true" && kuberay.ValidClusterName(rc.GetName()) &&
 		c.ClusterSelector.Matches(objectLabels{rc})
+}
+
+// invalidSkip says, when rc's raysync.dev/skip is neither "true" nor "false" (nor absent), how raysync
+// reads it: as false, what it read before it said so. Reading "yes" as skip would instead stop, on a
+// cluster raysync already manages, what it does for the cluster's next pods (the webhook's pull
+// secrets and TLS) with nothing but a typo to say why; a value only "true" changes is one the
+// operator fixes once it is reported.
+func invalidSkip(rc *unstructured.Unstructured) string {
+	switch v := metaString(rc, "annotations", names.SkipAnnotation); v {
+	case "", "true", "false":
+		return ""
+	default:
+		return fmt.Sprintf("%s %q is not \"true\" or \"false\": read as false, as before (raysync manages the cluster); set \"true\" to leave it alone", names.SkipAnnotation, v)
+	}
 }
 
 // objectLabels reads rc's labels in place (GetLabels copies them: once per cluster per scrape adds up).

@@ -219,6 +219,17 @@ type ClusterStatus struct {
 	Deferred      bool           `json:"templatePatchDeferred,omitempty"`
 	// Rotation is where the cluster's running containers stand with the token; nil when not applicable.
 	Rotation *RotationStatus `json:"rotation,omitempty"`
+	// Invalid, for a cluster without Rotation, are its raysync annotations raysync cannot read (with
+	// Rotation: Rotation.Invalid), each with the reading applied.
+	Invalid []string `json:"invalidAnnotations,omitempty"`
+}
+
+// InvalidAnnotations are the cluster's raysync annotations raysync cannot read, with their readings.
+func (s ClusterStatus) InvalidAnnotations() []string {
+	if s.Rotation != nil {
+		return s.Rotation.Invalid
+	}
+	return s.Invalid
 }
 
 // RotationStatus is a cluster's token rotation state, as `syncer status` and the metrics report it.
@@ -304,6 +315,10 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 		planPodConfig(in, cfg, &p)
 	}
 	planGatewayAddress(in, cfg, &p)
+	if v := invalidSkip(rc); v != "" && p.Status.Rotation == nil { // with a token, recordStanding said it
+		p.Status.Invalid = []string{v}
+		p.warnOnce(in, names.ReasonInvalidAnnotation, v)
+	}
 	if f != nil {
 		// Last: the template patch carries the resourceVersion the record's patch would change.
 		p.recordToken(f)

@@ -248,6 +248,59 @@ func TestAnInvalidRotationAnnotationIsHeldAndReported(t *testing.T) {
 	}
 }
 
+// TestAnInvalidSkipIsReadAsFalseAndReported: raysync.dev/skip is "true" (raysync leaves the cluster
+// alone) or "false"; any other value is read as false, what raysync read before it said so, and is
+// reported in the status (rotation or not), by a Warning Event and in raysync_invalid_annotations.
+func TestAnInvalidSkipIsReadAsFalseAndReported(t *testing.T) {
+	cfg := Config{Source: tokenSrc}.withDefaults()
+	for name, tc := range map[string]struct {
+		value    string
+		token    bool // the cluster uses token auth
+		inScope  bool
+		reported bool
+	}{
+		"true: left alone":                      {value: "true", token: true},
+		"false: managed":                        {value: "false", token: true, inScope: true},
+		"yes: managed, and said":                {value: "yes", token: true, inScope: true, reported: true},
+		"True: managed, and said":               {value: "True", token: true, inScope: true, reported: true},
+		"empty: managed":                        {value: "", token: true, inScope: true},
+		"yes without token auth: managed, said": {value: "yes", inScope: true, reported: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			opts := []func(*unstructured.Unstructured){annotated(names.SkipAnnotation, tc.value)}
+			if !tc.token {
+				opts = append(opts, func(u *unstructured.Unstructured) { delete(u.Object["spec"].(map[string]any), "authOptions") })
+			}
+			rc := rayCluster("c1", opts...)
+			if got := cfg.InScope(rc); got != tc.inScope {
+				t.Fatalf("in scope %v, want %v", got, tc.inScope)
+			}
+			if !tc.inScope {
+				return
+			}
+			in := input(cfg, rc, []*corev1.Secret{sourceSecret(token)})
+			p := planCluster(in, cfg)
+			if (p.Status.Rotation != nil) != tc.token {
+				t.Fatalf("rotation status %v with token auth %v", p.Status.Rotation, tc.token)
+			}
+			got := p.Status.InvalidAnnotations()
+			if tc.reported != (len(got) == 1 && strings.Contains(got[0], names.SkipAnnotation+` "`+tc.value+`"`) && strings.Contains(got[0], "read as false")) || (!tc.reported && len(got) > 0) {
+				t.Errorf("status says %q, want reported: %v", got, tc.reported)
+			}
+			events := 0
+			for _, a := range p.Actions {
+				if e, ok := a.(RecordEvent); ok && e.Reason == names.ReasonInvalidAnnotation && e.Type == corev1.EventTypeWarning &&
+					strings.Contains(e.Message, "read as false") {
+					events++
+				}
+			}
+			if want := map[bool]int{true: 1}[tc.reported]; events != want {
+				t.Errorf("%d InvalidAnnotation Warnings, want %d: %v", events, want, kinds(p.Actions))
+			}
+		})
+	}
+}
+
 // The control ConfigMap, value by value: what cannot be read is read the safe way, and said.
 func TestReadControl(t *testing.T) {
 	for name, tc := range map[string]struct {

@@ -157,6 +157,9 @@ func (r *Reporter) Snapshot() metrics.Snapshot {
 		if st.Deferred {
 			snap.Deferred = append(snap.Deferred, metrics.ClusterRef{Namespace: st.Namespace, RayCluster: st.RayCluster})
 		}
+		if st.Rotation == nil && len(st.Invalid) > 0 {
+			snap.InvalidOther++
+		}
 		if st.Rotation != nil {
 			owner := st.OwnerKind
 			if owner == "" {

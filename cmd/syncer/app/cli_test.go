@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -254,5 +255,26 @@ func TestInheritedFlags(t *testing.T) {
 		if _, _, err := parseCommand(cmd, got, func(string) string { return "" }); err != nil {
 			t.Errorf("syncer %s with what it inherits: %v", cmd, err)
 		}
+	}
+}
+
+// TestStatusPrintsUnreadableAnnotations: what `-o json` says of unreadable raysync annotations, the
+// table says too (a cluster with a rotation state and one without).
+func TestStatusPrintsUnreadableAnnotations(t *testing.T) {
+	r := &statusReport{Now: time.Now(), Clusters: []projection.ClusterStatus{
+		{Namespace: "ml", RayCluster: "a", Rotation: &projection.RotationStatus{State: names.TokenCurrent, Policy: names.PolicyHold,
+			Invalid: []string{`raysync.dev/rotation "hodl" is not replace, restart, hold or gateway: read as hold, the safest`}}},
+		{Namespace: "ml", RayCluster: "b", Invalid: []string{`raysync.dev/skip "yes" is not "true" or "false": read as false`}},
+		{Namespace: "ml", RayCluster: "c"},
+	}}
+	var b strings.Builder
+	printStatus(&b, r)
+	for _, want := range []string{"\n  ml/a: raysync.dev/rotation \"hodl\"", "\n  ml/b: raysync.dev/skip \"yes\""} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status does not say %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "ml/c:") {
+		t.Errorf("a cluster without unreadable annotations listed:\n%s", b.String())
 	}
 }

@@ -196,6 +196,19 @@ func printStatus(w io.Writer, r *statusReport) {
 	if len(r.Clusters) == 0 {
 		fmt.Fprintln(w, "(no RayClusters in scope)")
 	}
+	var invalid []string
+	for _, c := range r.Clusters {
+		for _, v := range c.InvalidAnnotations() {
+			invalid = append(invalid, c.Namespace+"/"+c.RayCluster+": "+v)
+		}
+	}
+	if len(invalid) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "unreadable raysync annotations (Event InvalidAnnotation; each read the safest way):")
+		for _, l := range invalid {
+			fmt.Fprintln(w, "  "+l)
+		}
+	}
 	if r.NotAdopted != "" {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, r.NotAdopted)
