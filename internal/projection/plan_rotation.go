@@ -74,8 +74,9 @@ func ownerKind(rc *unstructured.Unstructured) names.OwnerKind {
 
 // moveOf says how raysync can move the cluster to a new token, whatever its policy, or why it cannot.
 // A restart must end with every pod on the new token, so it needs a Secret no other cluster's running
-// containers hold; a RayService's cluster moves only by KubeRay's replacement (its RayService controller
-// puts spec.suspend back, KubeRay v1.6+, which would interrupt a restart again and again).
+// containers hold; a RayService's cluster moves only by KubeRay's replacement, which keeps its traffic
+// served where a restart would stop every pod serving it (and KubeRay v1.6's RayService controller puts
+// spec.suspend back, which would interrupt a restart again and again; v1.5.1 and, read, v1.7.0 do not).
 func moveOf(in *ClusterInput, t TokenTarget) (move, cannot string) {
 	switch {
 	case t.Mode == Referenced && !t.IsSource:
@@ -138,7 +139,7 @@ func policyOf(in *ClusterInput, opts RotationOptions, move, cannot string) (poli
 			" (Event " + names.ReasonRotationAbandoned + "): its zero-downtime upgrade is off (the operator's ENABLE_ZERO_DOWNTIME=false, the incremental " +
 			"upgrade's gate, or the RayService suspended); `syncer rotate` tries again, and the next rotation replaces it", ""
 	case policy == names.PolicyRestart && move != names.PolicyRestart:
-		return names.PolicyHold, "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end", ""
+		return names.PolicyHold, "a RayService's cluster moves only by replacement, which keeps its traffic served (a restart stops every pod serving it; on KubeRay v1.6 its RayService also puts spec.suspend back, so a restart would never end)", ""
 	case policy == names.PolicyRestart && abandonedFor(rc, in.Sources.rotation.Name()):
 		return names.PolicyHold, "its restart for rotation " + in.Sources.rotation.Name() + " was abandoned (Event " + names.ReasonRotationAbandoned +
 			"); `syncer rotate` tries again, and the next rotation restarts it", ""

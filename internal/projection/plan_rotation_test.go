@@ -273,7 +273,7 @@ func TestWhatRaysyncCannotMove(t *testing.T) {
 			rc:         rayCluster("c1", ofRayService("svc"), annotated(names.RotationAnnotation, names.PolicyRestart)),
 			opts:       []func(*ClusterInput){pods(startedPod("c1-head", "c1", planNow.Add(-5*time.Hour), headPod)), owner(rayService("svc"))},
 			wantPolicy: names.PolicyHold, wantMove: names.PolicyReplace, wantTarget: names.StateMissing,
-			wantHeld: "a RayService's cluster moves only by replacement: its RayService puts spec.suspend back (KubeRay v1.6+), so a restart would never end",
+			wantHeld: "a RayService's cluster moves only by replacement, which keeps its traffic served (a restart stops every pod serving it; on KubeRay v1.6 its RayService also puts spec.suspend back, so a restart would never end)",
 		},
 		"a RayService's cluster held by annotation, upgradeStrategy None: raysync cannot move it": {
 			rc:         rayCluster("c1", ofRayService("svc"), annotated(names.RotationAnnotation, names.PolicyHold)),

@@ -427,7 +427,7 @@ func TestWaveResumesAClusterItLetGo(t *testing.T) {
 }
 
 // A RayService's cluster is only ever replaced, never restarted: whatever its policy (a restart falls
-// back to hold: KubeRay's RayService puts spec.suspend back) and on request too. So a blocked rotation
+// back to hold: the replacement keeps its traffic served) and on request too. So a blocked rotation
 // of kind RayService is a replacement (the old cluster serves) and one of kind RayCluster or RayJob a
 // restart (the cluster is down): RaysyncRotationBlocked's severity by kind is exact, and
 // raysync_rotation_clusters needs no action label to tell them apart.

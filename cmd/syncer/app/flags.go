@@ -362,7 +362,7 @@ func (c *config) validate(r *rawFlags) error {
 		case v != names.PolicyReplace && v != names.PolicyRestart && v != names.PolicyHold && v != names.PolicyGateway:
 			return fmt.Errorf("rotation policy %q: want replace, restart, hold or gateway", v)
 		case kind == names.OwnerRayService && v == names.PolicyRestart:
-			return errors.New("--rotation-policy-rayservice=restart cannot take effect (a RayService puts spec.suspend back, KubeRay v1.6+): want replace, hold or gateway")
+			return errors.New("--rotation-policy-rayservice=restart cannot take effect (a RayService's cluster moves only by its zero-downtime replacement; KubeRay v1.6 also puts spec.suspend back): want replace, hold or gateway")
 		case kind == "" && v == names.PolicyReplace:
 			return errors.New("--rotation-policy-raycluster=replace cannot take effect (only a RayService replaces its cluster): want restart, hold or gateway")
 		case kind == names.OwnerRayJob && v == names.PolicyReplace:
