@@ -150,6 +150,26 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 			t.Errorf("%s: helm template accepted it:\n%.300s", name, out)
 		}
 	}
+	// Refused for the reason named: a chart without an image (nothing is published for it to default
+	// to), and rotation policies that cannot take effect (they were read as hold, silently).
+	scope := "authSource.namespace=a,authSource.name=b,allNamespaces=true,"
+	for set, why := range map[string]string{
+		scope + "image.repository=":                    "image.repository is not set",
+		scope + "rotation.policies.rayService=restart": "rotation.policies.rayService",
+		scope + "rotation.policies.rayCluster=replace": "rotation.policies.rayCluster",
+		scope + "rotation.policies.rayJob=replace":     "rotation.policies.rayJob",
+		scope + "rotation.policies.rayService=hodl":    "rotation.policies.rayService",
+	} {
+		if out, err := helm(t, "template", "rs", chart, "--set", set); err == nil || !strings.Contains(out, why) {
+			t.Errorf("%s: helm template (%v) does not refuse it naming %s:\n%.400s", set, err, why, out)
+		}
+	}
+	for _, set := range []string{"rayService=replace,rotation.policies.rayCluster=restart,rotation.policies.rayJob=restart",
+		"rayService=hold,rotation.policies.rayCluster=hold,rotation.policies.rayJob=hold", "rayService=gateway,rotation.policies.rayCluster=gateway,rotation.policies.rayJob=gateway,gateway.enabled=true"} {
+		if out, err := helm(t, "template", "rs", chart, "--set", scope+"rotation.policies."+set); err != nil {
+			t.Errorf("policies %s refused: %v\n%.400s", set, err, out)
+		}
+	}
 	// Chart.yaml's kubeVersion: the cluster versions the chart claims, and helm refusing older ones.
 	valid := "authSource.namespace=a,authSource.name=b,allNamespaces=true"
 	if out, err := helm(t, "template", "rs", chart, "--kube-version", "1.28.9", "--set", valid); err == nil || !strings.Contains(out, "kubeVersion") {

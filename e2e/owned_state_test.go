@@ -87,6 +87,11 @@ func TestGatewayTableFollowsTheObjects(t *testing.T) {
 		if refused.IsZero() {
 			t.Fatalf("the gateway still accepts the revoked token 30 s after syncer revoke-previous")
 		}
+		// "At once", with TestRevokePreviousOnAQuietFleet's ceiling (a revocation that waited for an
+		// event or a resync would exceed it).
+		if took := refused.Sub(start); took > 3*time.Second {
+			t.Errorf("the gateway refused the revoked token %s after syncer revoke-previous started: not at once (at most 3 s)", took.Round(time.Millisecond))
+		}
 		t.Logf("MEASURE revoke-previous kuberay=%s command_s=%.3f revoke_to_first_refusal_s=%.3f command_exit_to_first_refusal_s=%.3f",
 			env.KubeRayVersion, done.Sub(start).Seconds(), refused.Sub(start).Seconds(), refused.Sub(done).Seconds())
 		if code := env.viaGateway(g, ns, "c1", "/api/jobs/", t2); code != http.StatusOK {
