@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -356,6 +358,21 @@ func TestWrongTokenPutBackMidWave(t *testing.T) {
 		t.Fatal("no RayService moved onto the wrong token within 5 minutes")
 	}
 	env.PutSource(ns, "ray-token", tokenData(good))
+	// Those the wrong token had not reached (no replacement started, read from the objects once the
+	// good token is back) are current again: they must never move.
+	unmoved := map[string]bool{}
+	for _, svc := range services {
+		rs, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Get(env.ctx, svc, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if svc != moved && rs.GetAnnotations()[names.RotationStartedAnnotation] == "" {
+			unmoved[svc] = true
+		}
+	}
+	for _, e := range env.Events(ns, "raysync", names.ReasonRotationStarted) {
+		delete(unmoved, e.InvolvedObject.Name) // started and already completed (its Event seen)
+	}
 	for _, svc := range services {
 		f.waitServingOn(svc, good, 8*time.Minute)
 	}
@@ -375,6 +392,11 @@ func TestWrongTokenPutBackMidWave(t *testing.T) {
 	if replaced[moved] < 2 {
 		t.Errorf("%s moved onto the wrong token and was replaced %d time(s): want it replaced back", moved, replaced[moved])
 	}
+	for svc := range unmoved {
+		if replaced[svc] != 0 {
+			t.Errorf("%s had not moved when the good token came back, and was replaced %d time(s): want none", svc, replaced[svc])
+		}
+	}
 	env.assertNoRefusals(ns)
-	t.Logf("MEASURE wrong-token moved=%s replacements=%v", moved, replaced)
+	t.Logf("MEASURE wrong-token moved=%s replacements=%v unmoved-at-put-back=%v", moved, replaced, slices.Sorted(maps.Keys(unmoved)))
 }

@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -266,6 +268,60 @@ func TestAFailingWriteStopsOnlyWhatDependsOnIt(t *testing.T) {
 			}
 			if float64(warned) != tc.errors {
 				t.Errorf("%d WriteFailed Events, want %v", warned, tc.errors)
+			}
+		})
+	}
+}
+
+// TestALateAcknowledgementReStampsTheRaceMark: a token write marked as raced carries the time it was
+// sent; when the API server acknowledges it more than writeAckSlack later, a second write carries the
+// acknowledgement's time (kubelets could first see the token then, not when it was sent), and an
+// acknowledgement in time writes once.
+func TestALateAcknowledgementReStampsTheRaceMark(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for name, ack := range map[string]time.Duration{
+		"acknowledged in time: one write, the time sent":           writeAckSlack / 2,
+		"acknowledged late: a second write, the acknowledgement's": 2 * time.Second,
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, false, []*unstructured.Unstructured{rayCluster("c1")}, sourceSecret(token),
+				secret(ns, "c1", map[string]string{"auth_token": oldToken}, ownedBy("c1")))
+			var mu sync.Mutex
+			now := t0
+			h.ctrl.apply.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+			first := true
+			h.kube.PrependReactor("update", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if first { // the API server answers the first write after ack
+					now, first = now.Add(ack), false
+				}
+				return false, nil, nil
+			})
+			cur, err := h.kube.CoreV1().Secrets(ns).Get(context.Background(), "c1", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur = cur.DeepCopy()
+			cur.Data["auth_token"] = []byte(token)
+			cur.Annotations = map[string]string{names.SourceAnnotation: tokenSrc.String()}
+			h.kube.ClearActions()
+			if err := h.ctrl.apply.update(context.Background(), UpdateSecret{Secret: cur, MarksRace: true}, zap.NewNop()); err != nil {
+				t.Fatal(err)
+			}
+			updates := 0
+			for _, a := range h.kube.Actions() {
+				if a.GetVerb() == "update" {
+					updates++
+				}
+			}
+			want, wantUpdates := t0, 1
+			if ack > writeAckSlack {
+				want, wantUpdates = t0.Add(ack), 2
+			}
+			got, _ := h.kube.CoreV1().Secrets(ns).Get(context.Background(), "c1", metav1.GetOptions{})
+			if mark := got.Annotations[names.WrittenUnderPodsAnnotation]; mark != want.Format(time.RFC3339Nano) || updates != wantUpdates {
+				t.Errorf("mark %s after %d update(s), want %s after %d", mark, updates, want.Format(time.RFC3339Nano), wantUpdates)
 			}
 		})
 	}
