@@ -48,6 +48,8 @@ type Options struct {
 	ExtraAPIServerArgs []string
 	// OperatorArgs are appended to the KubeRay operator's flags (e.g. --watch-namespace).
 	OperatorArgs []string
+	// OperatorEnv is added to the KubeRay operator's environment (e.g. ENABLE_ZERO_DOWNTIME=false).
+	OperatorEnv []string
 	// RealNode runs a real node (kubelet, kube-proxy, containerd in namespaces of their own) and
 	// kube-scheduler instead of the kubelet and Ray stand-in (e2e/framework/realnode.go). Needs root.
 	RealNode bool
@@ -225,6 +227,7 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		return cp, err
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
+	operatorEnv = append(operatorEnv, o.OperatorEnv...)
 	if err := start("kuberay-operator", bins.KubeRay, operatorEnv, append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
 		"--metrics-addr=0", "--health-probe-bind-address=" + probe}, o.OperatorArgs...)...); err != nil {
 		return cp, err
