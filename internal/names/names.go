@@ -53,7 +53,9 @@ const (
 	RotationTargetAnnotation  = "raysync.dev/rotation-target"
 	// RotationBlockedAnnotation records when raysync reported the rotation in flight as blocked.
 	RotationBlockedAnnotation = "raysync.dev/rotation-blocked"
-	// RotateAnnotation is set by `syncer rotate`: rotate this cluster now, whatever its policy.
+	// RotateAnnotation is set by `syncer rotate`: rotate this cluster now, whatever its policy. Any value
+	// is a request but "false", which asks for nothing: read as no request and reported (Event
+	// InvalidAnnotation, raysync_invalid_annotations, syncer status).
 	RotateAnnotation = "raysync.dev/rotate"
 	// RotationAbandonedAnnotation names the rotation whose restart raysync gave up on a cluster (it
 	// resumed the cluster on the token it had): its policy does not restart it again for that rotation.

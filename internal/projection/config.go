@@ -145,6 +145,24 @@ func invalidSkip(rc *unstructured.Unstructured) string {
 	}
 }
 
+// rotateRequested: rc carries a rotation request (raysync.dev/rotate, as `syncer rotate` writes it:
+// any value but "false", which asks for nothing and is reported by invalidRotate).
+func rotateRequested(rc *unstructured.Unstructured) bool {
+	v := metaString(rc, "annotations", names.RotateAnnotation)
+	return v != "" && v != "false"
+}
+
+// invalidRotate says, when rc's raysync.dev/rotate is "false", how raysync reads it: as no request.
+// The annotation is a request that raysync removes once served; "false" reads like a setting that
+// turns rotation off, which it is not (that is raysync.dev/rotation=hold).
+func invalidRotate(rc *unstructured.Unstructured) string {
+	if metaString(rc, "annotations", names.RotateAnnotation) != "false" {
+		return ""
+	}
+	return fmt.Sprintf("%s \"false\" requests nothing: read as no request (remove it; to keep the cluster's token, set %s=%s)",
+		names.RotateAnnotation, names.RotationAnnotation, names.PolicyHold)
+}
+
 // objectLabels reads rc's labels in place (GetLabels copies them: once per cluster per scrape adds up).
 type objectLabels struct{ rc *unstructured.Unstructured }
 

@@ -315,9 +315,15 @@ func planCluster(in *ClusterInput, cfg Config) ClusterPlan {
 		planPodConfig(in, cfg, &p)
 	}
 	planGatewayAddress(in, cfg, &p)
-	if v := invalidSkip(rc); v != "" && p.Status.Rotation == nil { // with a token, recordStanding said it
-		p.Status.Invalid = []string{v}
-		p.warnOnce(in, names.ReasonInvalidAnnotation, v)
+	if p.Status.Rotation == nil { // with a token, recordStanding said it
+		for _, v := range []string{invalidSkip(rc), invalidRotate(rc)} {
+			if v != "" {
+				p.Status.Invalid = append(p.Status.Invalid, v)
+			}
+		}
+		if len(p.Status.Invalid) > 0 {
+			p.warnOnce(in, names.ReasonInvalidAnnotation, strings.Join(p.Status.Invalid, "; "))
+		}
 	}
 	if f != nil {
 		// Last: the template patch carries the resourceVersion the record's patch would change.

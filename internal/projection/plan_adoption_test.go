@@ -301,6 +301,47 @@ func TestAnInvalidSkipIsReadAsFalseAndReported(t *testing.T) {
 	}
 }
 
+// raysync.dev/rotate is a request; "false" reads like a setting that turns rotation off. It is
+// reported (status, one Warning) as no request, on a cluster with a token and on one without.
+func TestRotateFalseIsReportedAsNoRequest(t *testing.T) {
+	cfg := Config{Source: tokenSrc}.withDefaults()
+	for name, tc := range map[string]struct {
+		value    string
+		token    bool
+		reported bool
+	}{
+		"false":                    {value: "false", token: true, reported: true},
+		"false without token auth": {value: "false", reported: true},
+		"now":                      {value: "now", token: true},
+		"a time, as syncer rotate": {value: "2026-12-07T10:00:00Z", token: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			opts := []func(*unstructured.Unstructured){annotated(names.RotateAnnotation, tc.value)}
+			if !tc.token {
+				opts = append(opts, func(u *unstructured.Unstructured) { delete(u.Object["spec"].(map[string]any), "authOptions") })
+			}
+			rc := rayCluster("c1", opts...)
+			if rotateRequested(rc) == tc.reported {
+				t.Errorf("%q read as a request: %v", tc.value, rotateRequested(rc))
+			}
+			p := planCluster(input(cfg, rc, []*corev1.Secret{sourceSecret(token)}), cfg)
+			got := p.Status.InvalidAnnotations()
+			if tc.reported != (len(got) == 1 && strings.Contains(got[0], names.RotateAnnotation+` "false" requests nothing`)) || (!tc.reported && len(got) > 0) {
+				t.Errorf("status says %q, want reported: %v", got, tc.reported)
+			}
+			events := 0
+			for _, a := range p.Actions {
+				if e, ok := a.(RecordEvent); ok && e.Reason == names.ReasonInvalidAnnotation && strings.Contains(e.Message, "requests nothing") {
+					events++
+				}
+			}
+			if want := map[bool]int{true: 1}[tc.reported]; events != want {
+				t.Errorf("%d InvalidAnnotation Warnings, want %d: %v", events, want, kinds(p.Actions))
+			}
+		})
+	}
+}
+
 // The control ConfigMap, value by value: what cannot be read is read the safe way, and said.
 func TestReadControl(t *testing.T) {
 	for name, tc := range map[string]struct {

@@ -210,7 +210,7 @@ func standingOf(in *ClusterInput, cfg Config, t TokenTarget, holdsCurrent bool) 
 	var invalidPolicy, invalidAdopt string
 	r.Policy, r.Held, invalidPolicy = policyOf(in, cfg.Rotation, r.Move, r.Cannot)
 	r.Adopted, invalidAdopt = adoptionOf(in, t)
-	for _, v := range []string{invalidPolicy, invalidAdopt, invalidSkip(in.Cluster)} {
+	for _, v := range []string{invalidPolicy, invalidAdopt, invalidSkip(in.Cluster), invalidRotate(in.Cluster)} {
 		if v != "" {
 			r.Invalid = append(r.Invalid, v)
 		}

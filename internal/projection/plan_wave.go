@@ -166,7 +166,7 @@ func groupUnits(clusters []clusterView) []*unit {
 	var order []*unit
 	for _, c := range clusters {
 		r := c.plan.Standing
-		requested := metaString(c.in.Cluster, "annotations", names.RotateAnnotation) != ""
+		requested := rotateRequested(c.in.Cluster)
 		obj, action := r.Unit, ""
 		switch {
 		case released(c) || r.State == "" || r.Unit == nil:
@@ -235,7 +235,7 @@ func droppedRequests(clusters []clusterView) []Action {
 	var acts []Action
 	for _, c := range clusters {
 		rc, r := c.in.Cluster, c.plan.Standing
-		if metaString(rc, "annotations", names.RotateAnnotation) == "" {
+		if !rotateRequested(rc) {
 			continue
 		}
 		var why string

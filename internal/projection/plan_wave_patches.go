@@ -39,7 +39,7 @@ func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 		msg = fmt.Sprintf("restarting the whole cluster on rotation %s of the canonical token: every pod stops, then all start with the new token", cur.Name())
 	}
 	for _, m := range u.members {
-		if u.action == names.PolicyReplace && metaString(m.in.Cluster, "annotations", names.RotateAnnotation) != "" {
+		if u.action == names.PolicyReplace && rotateRequested(m.in.Cluster) {
 			acts = append(acts, PatchRotation{Kind: names.OwnerRayCluster, Namespace: m.in.Cluster.GetNamespace(), Name: m.in.Cluster.GetName(),
 				Patch: mergePatch(m.in.Cluster, map[string]any{names.RotateAnnotation: nil}, nil)})
 		}

@@ -111,6 +111,11 @@ func TestPlanWave(t *testing.T) {
 			},
 			want: []string{"start RayCluster held", "event RotationStarted held"}, inFlight: 1,
 		},
+		"raysync.dev/rotate=false requests nothing: the held cluster stays, the annotation stays": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, rayCluster("held", annotated(names.RotateAnnotation, "false")), false)}
+			},
+		},
 		"past the timeout, its new pods never ready: blocked once, and nothing else starts": {
 			views: func() []clusterView {
 				return []clusterView{view(t, cfg, restartCluster("c1", started(2*time.Hour), annotated(names.RotationTargetAnnotation, "7")), true, notReady("c1")),
