@@ -155,18 +155,19 @@ func TestChartLintsAndRejectsBadValues(t *testing.T) {
 	scope := "authSource.namespace=a,authSource.name=b,allNamespaces=true,"
 	for set, why := range map[string]string{
 		scope + "image.repository=":                    "image.repository is not set",
-		scope + "rotation.policies.rayService=restart": "rotation.policies.rayService",
-		scope + "rotation.policies.rayCluster=replace": "rotation.policies.rayCluster",
-		scope + "rotation.policies.rayJob=replace":     "rotation.policies.rayJob",
-		scope + "rotation.policies.rayService=hodl":    "rotation.policies.rayService",
+		scope + "rotation.policies.rayService=restart": "/rotation/policies/rayService",
+		scope + "rotation.policies.rayCluster=replace": "/rotation/policies/rayCluster",
+		scope + "rotation.policies.rayJob=replace":     "/rotation/policies/rayJob",
+		scope + "rotation.policies.rayService=hodl":    "/rotation/policies/rayService",
 	} {
 		if out, err := helm(t, "template", "rs", chart, "--set", set); err == nil || !strings.Contains(out, why) {
 			t.Errorf("%s: helm template (%v) does not refuse it naming %s:\n%.400s", set, err, why, out)
 		}
 	}
-	for _, set := range []string{"rayService=replace,rotation.policies.rayCluster=restart,rotation.policies.rayJob=restart",
-		"rayService=hold,rotation.policies.rayCluster=hold,rotation.policies.rayJob=hold", "rayService=gateway,rotation.policies.rayCluster=gateway,rotation.policies.rayJob=gateway,gateway.enabled=true"} {
-		if out, err := helm(t, "template", "rs", chart, "--set", scope+"rotation.policies."+set); err != nil {
+	for _, set := range []string{"rotation.policies.rayService=replace,rotation.policies.rayCluster=restart,rotation.policies.rayJob=restart",
+		"rotation.policies.rayService=hold,rotation.policies.rayCluster=hold,rotation.policies.rayJob=hold",
+		"gateway.enabled=true,gateway.rotationPolicy=gateway", "gateway.enabled=true,gateway.rotationPolicy=hold"} {
+		if out, err := helm(t, "template", "rs", chart, "--set", scope+set); err != nil {
 			t.Errorf("policies %s refused: %v\n%.400s", set, err, out)
 		}
 	}

@@ -25,7 +25,8 @@ import (
 // for its token the whole time. raysync is installed from the registry by helm with the restart
 // policy for RayClusters; the canonical token rotates several times in a row; after each restart
 // every Ray container's environment, as the kubelet resolved it (read from inside the container with
-// `kubectl exec … printenv`), is compared with the token raysync wrote. Then the cluster is deleted
+// `kubectl exec … printenv`), is compared with the token raysync wrote, and no container or init
+// container may have started twice (a restart would hide a first start on another token). Then the cluster is deleted
 // and created again under its name right after a rotation, the client pod still reading a Secret of
 // that name. The counts are printed; any container on another token fails the test. Tokens are
 // compared in the test, never printed.
@@ -89,9 +90,27 @@ func TestRealNodeRestartStartsEveryContainerOnTheWrittenToken(t *testing.T) {
 		}
 		return strings.TrimSpace(string(out))
 	}
-	// check counts the Ray containers not on want (and logs which, never the value).
+	// check counts the Ray containers not on want (and logs which, never the value). printenv reads
+	// the container's current start; a container (or init container, whose environment cannot be
+	// read once it exited) that started more than once may have started first on another token and
+	// failed on it, so any restart is counted as a start not shown to be on want.
 	check := func(round int, pods []corev1.Pod, want string) (all, stale int) {
 		for _, p := range pods {
+			now, err := cp.Kube.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range append(append([]corev1.ContainerStatus{}, now.Status.InitContainerStatuses...), now.Status.ContainerStatuses...) {
+				if st.RestartCount != 0 {
+					stale++
+					why := "" // the reason and exit code only: a termination message may hold the container's log
+					if last := st.LastTerminationState.Terminated; last != nil {
+						why = fmt.Sprintf(" (last ended: %s, exit %d)", last.Reason, last.ExitCode)
+					}
+					t.Errorf("round %d: %s/%s started %d times%s: its earlier starts are not shown to be on the token raysync wrote",
+						round, p.Name, st.Name, st.RestartCount+1, why)
+				}
+			}
 			for _, c := range p.Spec.Containers {
 				all++
 				switch got := envOf(p.Name, c.Name); {
