@@ -74,6 +74,11 @@ func TestAReplacementKubeRayDoesNotStartDoesNotHoldTheWave(t *testing.T) {
 		if len(w.Actions) != 0 || w.InFlight != 1 {
 			t.Errorf("actions %v, in flight %d", kinds(w.Actions), w.InFlight)
 		}
+		// And looks again when the start timeout runs out, not at --rotation-timeout (30 minutes): no
+		// event may come meanwhile (e2e TestReplacementsKubeRayWillNotStart… saw none for 7 minutes).
+		if want := replacementStartTimeout - time.Minute + time.Second; w.RequeueAfter != want {
+			t.Errorf("requeue after %s, want %s", w.RequeueAfter, want)
+		}
 	})
 	t.Run("no new cluster after the start timeout: abandoned, the next starts", func(t *testing.T) {
 		w := planWave([]clusterView{inFlight("a", replacementStartTimeout+time.Second), next}, cfg, planNow, nil)

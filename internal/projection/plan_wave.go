@@ -106,6 +106,11 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 		} else if cfg.Rotation.Timeout > 0 {
 			w.RequeueAfter = minPositive(w.RequeueAfter, cfg.Rotation.Timeout-age+time.Second)
 		}
+		if u.ownerKind == names.OwnerRayService && age <= replacementStartTimeout {
+			// Look again when a replacement KubeRay did not start is given up (advanceReplace): nothing
+			// else may change meanwhile, and the slot is the wave's.
+			w.RequeueAfter = minPositive(w.RequeueAfter, replacementStartTimeout-age+time.Second)
+		}
 	}
 	for k := range expected {
 		if !seen[k] {
