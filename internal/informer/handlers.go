@@ -2,6 +2,7 @@ package informer
 
 import (
 	"bytes"
+	"maps"
 	"strings"
 	"time"
 
@@ -110,8 +111,24 @@ func (c *Caches) handlers(enqueue func(Key)) handlers {
 				}
 			}
 		}),
-		// A RayService or RayJob changed: whether its clusters may rotate, or have, may have changed.
-		owner: onChange(func(any) { enqueue(waveKey) }),
+		// A RayService or RayJob changed: whether its clusters may rotate, or have, may have changed
+		// (the wave). A change of its annotations or spec (a rotation policy, an adoption, a replacement
+		// given up, an upgrade strategy) also changes where each of its clusters stands, which a
+		// cluster's own plan reports (status, Events): its clusters too. Status-only changes, which
+		// KubeRay writes often, concern the wave alone.
+		owner: cache.ResourceEventHandlerFuncs{
+			AddFunc: func(obj any) { c.ownedClusters(obj, enqueue); enqueue(waveKey) },
+			UpdateFunc: func(old, cur any) {
+				if unchanged(old, cur) {
+					return
+				}
+				if o, ok1 := metaOf(old); !ok1 || !sameOwnerIntent(o, cur) {
+					c.ownedClusters(cur, enqueue)
+				}
+				enqueue(waveKey)
+			},
+			DeleteFunc: func(obj any) { c.ownedClusters(obj, enqueue); enqueue(waveKey) },
+		},
 		// A Service named like a gateway address appeared, changed or went: the clusters of its namespace.
 		address: onChange(func(obj any) {
 			if m, ok := metaOf(obj); ok && strings.HasSuffix(m.GetName(), "-gw") {
@@ -211,6 +228,36 @@ func onChange(f func(any)) cache.ResourceEventHandler {
 		},
 		DeleteFunc: f,
 	}
+}
+
+// ownedClusters enqueues the clusters a RayService or RayJob generated (KubeRay's originated-from
+// labels, as the planner finds a cluster's owner).
+func (c *Caches) ownedClusters(obj any, enqueue func(Key)) {
+	m, ok := metaOf(obj)
+	if !ok {
+		return
+	}
+	kind := ""
+	if r, ok := obj.(interface{ GetKind() string }); ok {
+		kind = r.GetKind()
+	} else if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		if r, ok := t.Obj.(interface{ GetKind() string }); ok {
+			kind = r.GetKind()
+		}
+	}
+	for _, rc := range c.RayClusters(m.GetNamespace()) {
+		l := rc.GetLabels()
+		if l[kuberay.OriginatedFromNameLabel] == m.GetName() && (kind == "" || l[kuberay.OriginatedFromCRDLabel] == kind) {
+			enqueue(Key{Kind: ClusterKey, Namespace: rc.GetNamespace(), Name: rc.GetName()})
+		}
+	}
+}
+
+// sameOwnerIntent: old and cur (a RayService or RayJob) differ at most in status: same annotations,
+// same generation (the spec).
+func sameOwnerIntent(old metav1.Object, cur any) bool {
+	n, ok := metaOf(cur)
+	return ok && old.GetGeneration() == n.GetGeneration() && maps.Equal(old.GetAnnotations(), n.GetAnnotations())
 }
 
 // unchanged is true for periodic resyncs, which redeliver an object with the same resourceVersion.

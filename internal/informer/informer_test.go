@@ -40,11 +40,17 @@ func rc(ns, name string) *unstructured.Unstructured {
 		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "uid-" + name}}}
 }
 
+// ofService labels a cluster as KubeRay does one a RayService generated.
+func ofService(u *unstructured.Unstructured, svc string) *unstructured.Unstructured {
+	u.SetLabels(map[string]string{kuberay.OriginatedFromNameLabel: svc, kuberay.OriginatedFromCRDLabel: "RayService"})
+	return u
+}
+
 // TestEventsBecomeKeys calls each handler as an informer would and checks the keys it enqueues.
 func TestEventsBecomeKeys(t *testing.T) {
 	src := types.NamespacedName{Namespace: "sys", Name: "token"}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		kuberay.ListKinds, rc("ray", "c1"), rc("ray", "c2"), rc("other", "c3"))
+		kuberay.ListKinds, rc("ray", "c1"), ofService(rc("ray", "c2"), "svc"), rc("other", "c3"))
 	c := New(fake.NewClientset(), dyn, nil, Config{Sources: []types.NamespacedName{src}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -68,6 +74,13 @@ func TestEventsBecomeKeys(t *testing.T) {
 		return u
 	}
 	owned := map[string]string{kuberay.ClusterLabel: "c1"}
+	service := func(rv string, annotations map[string]string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayService",
+			"metadata": map[string]any{"name": "svc", "namespace": "ray", "uid": "uid-svc", "generation": int64(1)}}}
+		u.SetResourceVersion(rv)
+		u.SetAnnotations(annotations)
+		return u
+	}
 
 	tests := []struct {
 		name string
@@ -81,7 +94,27 @@ func TestEventsBecomeKeys(t *testing.T) {
 			h.cluster.OnDelete(cache.DeletedFinalStateUnknown{Key: "ray/c1", Obj: cluster("2")})
 		}, []Key{c1, {Kind: NamespaceKey, Namespace: "ray"}, wave}},
 		{"KubeRay Secret maps to its cluster", func() { h.byClusterLabel.OnAdd(secret("1", "x", owned), false) }, []Key{c1, wave}},
-		{"RayService or RayJob changed: the wave", func() { h.owner.OnUpdate(cluster("1"), cluster("2")) }, []Key{wave}},
+		{"RayService or RayJob status changed: the wave", func() { h.owner.OnUpdate(service("1", nil), service("2", nil)) }, []Key{wave}},
+		{"RayService resync: nothing", func() { h.owner.OnUpdate(service("1", nil), service("1", nil)) }, nil},
+		// Where its clusters stand changes with its annotations (raysync.dev/rotation, adopt, a
+		// replacement given up) and its spec: their plans report it (RotationHeld, NotAdopted).
+		{"RayService annotated: its clusters and the wave", func() {
+			h.owner.OnUpdate(service("1", nil), service("2", map[string]string{"raysync.dev/rotation-abandoned": "2"}))
+		}, []Key{c2, wave}},
+		{"RayService spec changed: its clusters and the wave", func() {
+			b := service("2", nil)
+			b.SetGeneration(2)
+			h.owner.OnUpdate(service("1", nil), b)
+		}, []Key{c2, wave}},
+		{"RayService added: its clusters and the wave", func() { h.owner.OnAdd(service("1", nil), false) }, []Key{c2, wave}},
+		{"RayService deleted (tombstone): its clusters and the wave", func() {
+			h.owner.OnDelete(cache.DeletedFinalStateUnknown{Key: "ray/svc", Obj: service("2", nil)})
+		}, []Key{c2, wave}},
+		{"a RayJob of the RayService's name: not its clusters", func() {
+			j := service("1", nil)
+			j.SetKind("RayJob")
+			h.owner.OnAdd(j, false)
+		}, []Key{wave}},
 		{"KubeRay Secret resync ignored", func() { h.byClusterLabel.OnUpdate(secret("1", "x", owned), secret("1", "x", owned)) }, nil},
 		{"unlabelled object ignored", func() { h.byClusterLabel.OnAdd(secret("1", "x", nil), false) }, nil},
 		{"managed copy: every cluster in its namespace, then prune, and the fleet (a copy can be a token target the gateway's table reads)",
