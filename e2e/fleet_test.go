@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,10 @@ import (
 // Over the whole run no cluster refuses its operator or a worker, never more than the bound rotate
 // at once, held Secrets do not change, every RayService ends serving on the new token, the RayJob
 // finishes on its token and the next one starts on the new one, and `syncer rotate` restarts a held
-// cluster exactly once. Variants: raysync killed mid-wave; a second rotation mid-wave.
+// cluster exactly once. Variants: raysync killed mid-wave; a second rotation mid-wave. "Serving on the
+// new token" is every running container of the serving cluster started on it; a replacement cluster
+// KubeRay creates while raysync is down starts on KubeRay's random token, and its raced pods must have
+// been recycled by raysync (a PodRecycled Event names each), never left or removed otherwise.
 
 const (
 	fleetServices = 20
@@ -222,6 +226,7 @@ func (f *fleet) waitRotationsStarted(s *Syncer, n int) {
 func (f *fleet) waitServingOn(svc, token string, timeout time.Duration) {
 	f.env.t.Helper()
 	want := f.env.StandIn().Fingerprint(token)
+	var raced map[string]bool // pods of the serving cluster that started on another token and are gone
 	err := wait.PollUntilContextTimeout(f.env.ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		rs, err := f.env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(f.ns).Get(ctx, svc, metav1.GetOptions{})
 		if err != nil {
@@ -236,19 +241,49 @@ func (f *fleet) waitServingOn(svc, token string, timeout time.Duration) {
 		if err != nil {
 			return false, nil
 		}
-		n := 0
+		pods, err := f.env.Kube.CoreV1().Pods(f.ns).List(ctx, metav1.ListOptions{LabelSelector: kuberay.ClusterLabel + "=" + active})
+		if err != nil {
+			return false, nil
+		}
+		live := map[string]bool{}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil {
+				live[string(p.UID)] = true
+			}
+		}
+		n, gone := 0, map[string]bool{}
 		for _, s := range starts {
-			if s.Cluster == active && s.TokenFingerprint != "" {
-				if s.TokenFingerprint != want {
-					return false, nil
-				}
+			switch {
+			case s.Cluster != active || s.TokenFingerprint == "":
+			case s.TokenFingerprint != want && live[s.PodUID]:
+				return false, nil // a pod that runs holds a container started on another token: not yet (or split)
+			case s.TokenFingerprint != want:
+				gone[s.Pod] = true
+			case live[s.PodUID]:
 				n++
 			}
 		}
+		raced = gone
 		return n > 0, nil
 	})
 	if err != nil {
 		f.env.t.Fatalf("RayService %s never served from a cluster started on the new token: %s", svc, f.describeService(svc, want))
+	}
+	// A pod that started on another token and is gone was recycled by raysync (a new cluster born while
+	// raysync was down, its Secret raced): no other way out is allowed.
+	recycled := map[string]bool{}
+	for _, e := range f.env.Events(f.ns, "raysync", names.ReasonPodRecycled) {
+		if name, _, ok := strings.Cut(strings.TrimPrefix(e.Message, "deleted pod "), ":"); ok {
+			recycled[name] = true
+		}
+	}
+	for pod := range raced {
+		if !recycled[pod] {
+			f.env.t.Errorf("RayService %s: pod %s of its serving cluster started on another token and went without raysync recycling it: %s",
+				svc, pod, f.describeService(svc, want))
+		} else {
+			f.env.t.Logf("MEASURE fleet %s: pod %s raced KubeRay's token and was recycled", svc, pod)
+		}
 	}
 }
 

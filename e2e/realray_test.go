@@ -701,8 +701,8 @@ func realRayService(ns, name, color string) *unstructured.Unstructured {
 
 // TestRealRayServiceServesThroughUpgradeAndRotation: a RayService on real Ray with a real Serve
 // application becomes Ready and serves; a blue-green upgrade and a raysync-driven replacement on
-// rotation follow. A client sending Serve requests throughout sees no failed request (Serve is not
-// token-authenticated); the Jobs API accepts the canonical token on the serving cluster at every
+// rotation follow, with raysync's webhook on as the chart installs it. A client sending Serve requests
+// throughout sees no failed request (Serve is not token-authenticated); the Jobs API accepts the canonical token on the serving cluster at every
 // moment but the switch: from the rotation until the new cluster serves (measured).
 func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 	eachKubeRay(t, func(t *testing.T, env *Env) {
@@ -710,7 +710,13 @@ func TestRealRayServiceServesThroughUpgradeAndRotation(t *testing.T) {
 		ns := env.RealRayNamespace()
 		t1 := env.NewToken()
 		env.PutSource(ns, "ray-token", tokenData(t1))
-		s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns)
+		// As users run it (the chart's default): with the webhook, every cluster's Secret is born on the
+		// canonical token. Without it raysync races KubeRay for each new cluster's Secret, and a raced
+		// head is recycled once 35 s old (KubeRay's expectations), which can be after the RayService
+		// switched its traffic to that cluster: Serve calls fail meanwhile (docs/concepts/webhook.md).
+		args := append([]string{"--auth-source=" + ns + "/ray-token", "--namespaces=" + ns}, env.webhookFor(ns, ns)...)
+		s := env.StartSyncer(args...)
+		env.waitCABundle(args)
 		created := time.Now()
 		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, realRayService(ns, "hello", "blue"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
