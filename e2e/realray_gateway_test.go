@@ -114,8 +114,14 @@ func TestRealRayThroughTheGateway(t *testing.T) {
 	t1 := env.NewToken()
 	env.PutSource(srcNS, "ray-token", tokenData(t1))
 	table := types.NamespacedName{Namespace: srcNS, Name: "raysync-gateway"}
-	s := env.StartSyncer("--auth-source="+srcNS+"/ray-token", "--namespaces="+ns, "--rotation-policy-raycluster=gateway",
-		"--gateway-table="+table.String(), "--gateway-service=raysync-gateway.raysync.svc.cluster.local", "--gateway-grace=1h")
+	// With the webhook, as the chart runs raysync: the cluster's Secret is born on the canonical token.
+	// Without it raysync races KubeRay for the Secret and recycles a raced head once 35 s old, which
+	// here came after the head served (502s, a restart on another token: a CI run of 2026-12-07).
+	args := append([]string{"--auth-source=" + srcNS + "/ray-token", "--namespaces=" + ns, "--rotation-policy-raycluster=gateway",
+		"--gateway-table=" + table.String(), "--gateway-service=raysync-gateway.raysync.svc.cluster.local", "--gateway-grace=1h"},
+		env.webhookFor(srcNS, ns)...)
+	s := env.StartSyncer(args...)
+	env.waitCABundle(args)
 	g := env.StartGateway(table)
 	front := env.gatewayFront(g, "jobs-gw."+ns+".svc.cluster.local")
 
