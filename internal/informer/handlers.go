@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
@@ -233,18 +234,14 @@ func onChange(f func(any)) cache.ResourceEventHandler {
 // ownedClusters enqueues the clusters a RayService or RayJob generated (KubeRay's originated-from
 // labels, as the planner finds a cluster's owner).
 func (c *Caches) ownedClusters(obj any, enqueue func(Key)) {
-	m, ok := metaOf(obj)
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	m, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return
 	}
-	kind := ""
-	if r, ok := obj.(interface{ GetKind() string }); ok {
-		kind = r.GetKind()
-	} else if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		if r, ok := t.Obj.(interface{ GetKind() string }); ok {
-			kind = r.GetKind()
-		}
-	}
+	kind := m.GetKind()
 	for _, rc := range c.RayClusters(m.GetNamespace()) {
 		l := rc.GetLabels()
 		if l[kuberay.OriginatedFromNameLabel] == m.GetName() && (kind == "" || l[kuberay.OriginatedFromCRDLabel] == kind) {
