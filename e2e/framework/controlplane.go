@@ -50,6 +50,9 @@ type Options struct {
 	OperatorArgs []string
 	// OperatorEnv is added to the KubeRay operator's environment (e.g. ENABLE_ZERO_DOWNTIME=false).
 	OperatorEnv []string
+	// GatewayAPI installs the Gateway API's Gateway and HTTPRoute CRDs (no controller) before the
+	// operator starts, as its RayServiceIncrementalUpgrade gate needs.
+	GatewayAPI bool
 	// RealNode runs a real node (kubelet, kube-proxy, containerd in namespaces of their own) and
 	// kube-scheduler instead of the kubelet and Ray stand-in (e2e/framework/realnode.go). Needs root.
 	RealNode bool
@@ -226,6 +229,11 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	if err := InstallCRDs(ctx, cp.Dynamic, bins.KubeRayCRDs); err != nil {
 		return cp, err
 	}
+	if o.GatewayAPI {
+		if err := InstallGatewayAPICRDs(ctx, cp.Dynamic); err != nil {
+			return cp, err
+		}
+	}
 	probe := fmt.Sprintf("127.0.0.1:%d", probePort)
 	operatorEnv = append(operatorEnv, o.OperatorEnv...)
 	if err := start("kuberay-operator", bins.KubeRay, operatorEnv, append([]string{"--kubeconfig=" + cp.Kubeconfig, "--enable-leader-election=false",
@@ -384,6 +392,24 @@ func InstallPrometheusOperatorCRDs(ctx context.Context, dyn dynamic.Interface) e
 	crds := filepath.Join(dir, "example", "prometheus-operator-crd")
 	return InstallCRDFiles(ctx, dyn, filepath.Join(crds, "monitoring.coreos.com_servicemonitors.yaml"),
 		filepath.Join(crds, "monitoring.coreos.com_prometheusrules.yaml"))
+}
+
+// GatewayAPIVersion is the Gateway API module KubeRay v1.6.1 is built against (its go.mod).
+const GatewayAPIVersion = "v1.4.1"
+
+// InstallGatewayAPICRDs installs the standard channel's Gateway and HTTPRoute CRDs from the Go module.
+func InstallGatewayAPICRDs(ctx context.Context, dyn dynamic.Interface) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	dir, err := moduleDir(ctx, root, "sigs.k8s.io/gateway-api@"+GatewayAPIVersion)
+	if err != nil {
+		return err
+	}
+	crds := filepath.Join(dir, "config", "crd", "standard")
+	return InstallCRDFiles(ctx, dyn, filepath.Join(crds, "gateway.networking.k8s.io_gateways.yaml"),
+		filepath.Join(crds, "gateway.networking.k8s.io_httproutes.yaml"))
 }
 
 // InstallCRDFiles creates the CRDs in files and waits until they are Established.

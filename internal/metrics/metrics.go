@@ -143,7 +143,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		}, []string{"action"}),
 		RotationsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raysync_rotations_abandoned_total",
-			Help: "Restarts raysync gave up, resuming the cluster on the token it had, by reason: cannot_move (every pod gone, but its Secret cannot take the new token), timeout (still suspended after --rotation-timeout), unmanaged (raysync no longer manages the cluster).",
+			Help: "Restarts and replacements raysync gave up, by reason: cannot_move (every pod of a restart gone, but its Secret cannot take the new token), timeout (a restart still suspended after --rotation-timeout), unmanaged (raysync no longer manages the cluster), no_new_cluster (a replacement whose RayService showed no new cluster within 2 minutes). A restart given up resumes the cluster on the token it had.",
 		}, []string{"reason"}),
 		RotationDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "raysync_rotation_duration_seconds",

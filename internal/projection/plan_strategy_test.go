@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/internal/names"
@@ -92,16 +93,56 @@ func TestAReplacementKubeRayDoesNotStartDoesNotHoldTheWave(t *testing.T) {
 			t.Errorf("abandoning patch %s: want the abandoned mark, the template's rotation-id kept, the start given up", p)
 		}
 	})
-	t.Run("an incremental upgrade stalled past the timeout: blocked, the wave goes on", func(t *testing.T) {
-		stalled := inFlight("a", 31*time.Minute, withStrategy(incrementalUpgrade), setPath("a-new", "status", "pendingServiceStatus", "rayClusterName"))
-		w := planWave([]clusterView{stalled, next}, cfg, planNow, nil)
-		if w.Blocked {
-			t.Error("a stalled incremental upgrade blocks the wave")
+	// An incremental upgrade (NewClusterWithIncrementalUpgrade, gate on) in flight, and the next
+	// RayService behind it with the only slot.
+	incremental := func(ago time.Duration, opts ...func(*unstructured.Unstructured)) clusterView {
+		return inFlight("a", ago, append([]func(*unstructured.Unstructured){withStrategy(incrementalUpgrade),
+			setPath("a-new", "status", "pendingServiceStatus", "rayClusterName"),
+			setPath("emulated", "spec", "upgradeStrategy", "clusterUpgradeOptions", "gatewayClassName")}, opts...)...)
+	}
+	serving := setPath(map[string]any{"fruit": map[string]any{"status": "RUNNING"}}, "status", "pendingServiceStatus", "applicationStatuses")
+	traffic := func(pct int64) func(*unstructured.Unstructured) {
+		return func(rs *unstructured.Unstructured) {
+			setPath(pct, "status", "pendingServiceStatus", "targetCapacity")(rs)
+			setPath(pct, "status", "pendingServiceStatus", "trafficRoutedPercent")(rs)
 		}
-		if got := kinds(w.Actions); len(got) == 0 || got[0] != "patch RayService a" {
-			t.Errorf("actions %v: want it reported blocked", got)
-		}
-	})
+	}
+	blockedAndNext := []string{"patch RayService a", "event RotationBlocked a", "event RotationBlocked a-x", "start RayService z",
+		"event RotationStarted z", "event RotationStarted z-x"}
+	startsNext := []string{"start RayService z", "event RotationStarted z", "event RotationStarted z-x"}
+	for name, tc := range map[string]struct {
+		unit     clusterView
+		want     []string
+		inFlight int
+		why      string
+	}{
+		// KubeRay raises the target capacity only once a Gateway controller accepted its Gateway and
+		// HTTPRoute: the new cluster serves, nothing moves, for ever.
+		"no Gateway controller: blocked, with why, its slot to the next": {unit: incremental(replacementStartTimeout+time.Second, serving),
+			want: blockedAndNext, inFlight: 1, why: `no Gateway controller has accepted Gateway a-gateway and HTTPRoute a-httproute (gatewayClassName "emulated")`},
+		"no Gateway controller, reported before: its slot to the next, nothing said again": {unit: incremental(10*time.Minute, serving,
+			annotated(names.RotationBlockedAnnotation, "x")), want: startsNext, inFlight: 1},
+		"new cluster not serving yet: it waits, holding its slot": {unit: incremental(replacementStartTimeout+time.Second), inFlight: 1},
+		"traffic moving: it waits, holding its slot":              {unit: incremental(20*time.Minute, serving, traffic(40)), inFlight: 1},
+		"within the start timeout, nothing moved yet: it waits":   {unit: incremental(time.Minute, serving), inFlight: 1},
+		"traffic moving past --rotation-timeout: slow, blocked, its slot to the next": {unit: incremental(31*time.Minute, serving, traffic(40)),
+			want: blockedAndNext, inFlight: 1, why: "moved 40% of the traffic to the new RayCluster a-new in 31m0s"},
+	} {
+		t.Run("incremental upgrade: "+name, func(t *testing.T) {
+			w := planWave([]clusterView{tc.unit, next}, cfg, planNow, nil)
+			if diff := cmp.Diff(tc.want, kinds(w.Actions), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+			if w.Blocked || w.InFlight != tc.inFlight {
+				t.Errorf("blocked %v, in flight %d: want the wave going on with %d in flight", w.Blocked, w.InFlight, tc.inFlight)
+			}
+			if tc.why != "" {
+				if msg := w.Actions[1].(RecordEvent).Message; !strings.Contains(msg, tc.why) || !strings.Contains(msg, "Its slot goes to the next unit") {
+					t.Errorf("blocked message %q: want %q and that its slot goes on", msg, tc.why)
+				}
+			}
+		})
+	}
 	t.Run("a suspended RayService: not started", func(t *testing.T) {
 		v := view(t, cfg, rayCluster("s-x", ofRayService("s")), false, owner(rayService("s", setPath(true, "spec", "suspend"))))
 		if w := planWave([]clusterView{v}, cfg, planNow, nil); len(w.Actions) != 0 {

@@ -94,14 +94,22 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 			}
 		}
 		age := now.Sub(started)
-		if cfg.Rotation.Timeout > 0 && age > cfg.Rotation.Timeout {
-			if metaString(u.obj, "annotations", names.RotationTargetAnnotation) == cur.Name() && !(u.ownerKind == names.OwnerRayService && upgradeStrategy(u.obj) == incrementalUpgrade) {
-				// A unit blocked on an older rotation no longer holds the wave back, nor does an incremental
-				// upgrade (it stalls for ever without a Gateway controller; its old cluster serves meanwhile).
-				w.Blocked = true
+		timedOut := cfg.Rotation.Timeout > 0 && age > cfg.Rotation.Timeout
+		if why := incrementalStall(u, age, timedOut); why != "" {
+			// An incremental upgrade stalls for ever without a Gateway controller, and a slow one may
+			// outlast the timeout; its old cluster serves all the while. It gives its slot to the next
+			// unit and completes whenever KubeRay promotes its new cluster.
+			w.InFlight--
+			if metaString(u.obj, "annotations", names.RotationBlockedAnnotation) == "" {
+				w.Actions = append(w.Actions, blockActions(u, now, why)...)
+			}
+		} else if timedOut {
+			if metaString(u.obj, "annotations", names.RotationTargetAnnotation) == cur.Name() {
+				w.Blocked = true // a unit blocked on an older rotation no longer holds the wave back
 			}
 			if metaString(u.obj, "annotations", names.RotationBlockedAnnotation) == "" {
-				w.Actions = append(w.Actions, blockActions(u, now, age)...)
+				w.Actions = append(w.Actions, blockActions(u, now, fmt.Sprintf("the %s started %s ago has not completed: "+
+					"no further cluster starts rotating until it completes or is deleted", verbOf(u), age.Round(time.Second)))...)
 			}
 		} else if cfg.Rotation.Timeout > 0 {
 			w.RequeueAfter = minPositive(w.RequeueAfter, cfg.Rotation.Timeout-age+time.Second)
@@ -275,6 +283,37 @@ func activeCluster(rs *unstructured.Unstructured) string {
 func pendingCluster(rs *unstructured.Unstructured) string {
 	v, _, _ := unstructured.NestedString(rs.Object, "status", "pendingServiceStatus", "rayClusterName")
 	return v
+}
+
+// incrementalStall says why an incremental upgrade in flight for age no longer holds a slot of the
+// wave ("" while it does). KubeRay v1.6.1 raises a pending cluster's Serve target capacity (and
+// records it in status.pendingServiceStatus.targetCapacity) only once a Gateway controller has
+// accepted the RayService's Gateway and HTTPRoute, in the same reconcile that reads the pending
+// cluster's Serve applications (applicationStatuses). So applications without a target capacity, past the time a
+// replacement has to start, mean no controller: KubeRay will move no traffic, and the old cluster
+// serves for ever. Past --rotation-timeout, an incremental upgrade that moves traffic is only slow
+// (ceil(100/stepSizePercent) x intervalSeconds at the least).
+func incrementalStall(u *unit, age time.Duration, timedOut bool) string {
+	rs := u.obj
+	if u.ownerKind != names.OwnerRayService || upgradeStrategy(rs) != incrementalUpgrade || pendingCluster(rs) == "" {
+		return ""
+	}
+	_, hasCapacity, _ := unstructured.NestedFieldNoCopy(rs.Object, "status", "pendingServiceStatus", "targetCapacity")
+	apps, _, _ := unstructured.NestedMap(rs.Object, "status", "pendingServiceStatus", "applicationStatuses")
+	class, _, _ := unstructured.NestedString(rs.Object, "spec", "upgradeStrategy", "clusterUpgradeOptions", "gatewayClassName")
+	switch {
+	case !hasCapacity && len(apps) > 0 && age > replacementStartTimeout:
+		return fmt.Sprintf("its incremental upgrade moves no traffic: the new RayCluster %s serves, but no Gateway controller has accepted "+
+			"Gateway %s-gateway and HTTPRoute %s-httproute (gatewayClassName %q), and KubeRay moves traffic only once one has; the old cluster "+
+			"serves on the token it had meanwhile. Its slot goes to the next unit; it completes when KubeRay promotes the new cluster",
+			pendingCluster(rs), rs.GetName(), rs.GetName(), class)
+	case timedOut:
+		pct, _, _ := unstructured.NestedInt64(rs.Object, "status", "pendingServiceStatus", "trafficRoutedPercent")
+		return fmt.Sprintf("its incremental upgrade has moved %d%% of the traffic to the new RayCluster %s in %s; the old cluster "+
+			"serves on the token it had meanwhile. Its slot goes to the next unit; it completes when KubeRay promotes the new cluster",
+			pct, pendingCluster(rs), age.Round(time.Second))
+	}
+	return ""
 }
 
 // advance moves a rotation in flight on, and finishes it when it is done, or when nothing it waits

@@ -29,6 +29,10 @@ func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 		acts = append(acts, PatchRotation{Kind: names.OwnerRayService, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(), Starts: names.PolicyReplace,
 			Patch: rayServiceApply(u.obj, map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name()}, id)})
 		msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; traffic switches when it is ready", memberNames(u), cur.Name())
+		if upgradeStrategy(u.obj) == incrementalUpgrade {
+			msg = fmt.Sprintf("replacing RayCluster %s with a new cluster that starts with rotation %s of the canonical token; KubeRay moves the traffic "+
+				"to it step by step once a Gateway controller has accepted its Gateway and HTTPRoute", memberNames(u), cur.Name())
+		}
 	} else {
 		marks := map[string]any{names.RotationStartedAnnotation: stamp, names.RotationTargetAnnotation: cur.Name(), names.RotateAnnotation: nil}
 		if metaString(u.obj, "annotations", names.RotationAbandonedAnnotation) != "" {
@@ -47,7 +51,7 @@ func startActions(u *unit, cur ledger.Rotation, now time.Time) []Action {
 	return append(acts, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationStarted, msg)...)
 }
 
-func blockActions(u *unit, now time.Time, age time.Duration) []Action {
+func blockActions(u *unit, now time.Time, why string) []Action {
 	stamp := now.UTC().Format(time.RFC3339)
 	var patch PatchRotation
 	if u.ownerKind == names.OwnerRayService {
@@ -59,8 +63,7 @@ func blockActions(u *unit, now time.Time, age time.Duration) []Action {
 		patch = PatchRotation{Kind: names.OwnerRayCluster, Namespace: u.obj.GetNamespace(), Name: u.obj.GetName(),
 			Patch: mergePatch(u.obj, map[string]any{names.RotationBlockedAnnotation: stamp}, nil)}
 	}
-	return append([]Action{patch}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationBlocked,
-		fmt.Sprintf("the %s started %s ago has not completed: no further cluster starts rotating until it completes or is deleted", verbOf(u), age.Round(time.Second)))...)
+	return append([]Action{patch}, unitEvents(u, corev1.EventTypeWarning, names.ReasonRotationBlocked, why)...)
 }
 
 func verbOf(u *unit) string {
