@@ -180,8 +180,7 @@ func valuesPage(root string) ([]byte, error) {
 }
 
 func chartReadme(root string) ([]byte, error) {
-	rows, err := valueRows(root)
-	if err != nil {
+	if _, err := valueRows(root); err != nil { // the values page it links to must generate
 		return nil, err
 	}
 	version, err := chartVersion(root)
@@ -197,30 +196,31 @@ func chartReadme(root string) ([]byte, error) {
 	b.WriteString(`# raysync chart
 
 One canonical Ray auth token, registry pull secrets and autoscaler client TLS for every RayCluster run by stock
-KubeRay (v1.5.1, v1.6.1). Documentation: ` + docs + ` (the value ` + "`docsURL`" + `; start with getting-started/helm/;
-every alert links its runbook there).
+KubeRay (v1.5.1, v1.6.1). Documentation: ` + docs + ` (the value ` + "`docsURL`" + `; every alert links its runbook there).
 
 ## Install
 
-Only the source and a scope are required; pull secrets, autoscaler TLS, the ServiceMonitor, the PrometheusRule
-and the gateway are off by default. Until an official registry exists, publish the image and this chart to your
-own with ` + "`make release VERSION=" + version + " REGISTRY=registry.example.com/platform`" + ` from a checkout (the chart's
-image then defaults to the one it pushed; docs/contributing/releasing.md) and install from it:
+Follow the quick start, ` + docs + `getting-started/helm/#quick-start: it publishes this chart and raysync's image to
+your own registry (there is no official one yet), creates the canonical token Secret, installs, then checks. Only
+the source and a scope are required; pull secrets, autoscaler TLS, the ServiceMonitor, the PrometheusRule and the
+gateway are off by default.
+
+**Installing moves no running cluster**: clusters already running on KubeRay's own tokens are listed as not adopted
+and left alone until you adopt them (` + docs + `guides/running-fleet/). The install command's shape:
 
 ` + "```sh" + `
-helm install raysync oci://registry.example.com/platform/charts/raysync --version ` + version + ` -n raysync --create-namespace \
+helm install raysync oci://registry.example.com/platform/charts/raysync --version ` + version + ` -n raysync \
   --set authSource.namespace=raysync,authSource.name=ray-token \
   --set 'namespaces={ml-team}'
-kubectl -n raysync exec deploy/raysync -- /syncer status
 ` + "```" + `
 
 Upgrading: read CHANGELOG.md, and use ` + "`--reset-then-reuse-values`" + ` or ` + "`-f`" + ` your values, not ` + "`--reuse-values`" + `.
 
 ## Values
 
+Every value, its type, default and description, and where one value overrides others: ` + docs + `reference/values/
+(generated, like this README, from ` + "`values.yaml`" + ` and ` + "`values.schema.json`" + `, which also rejects bad values).
 `)
-	b.WriteString(overrides + "\n")
-	b.WriteString(valuesTable(rows))
 	return []byte(b.String()), nil
 }
 
