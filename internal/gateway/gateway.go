@@ -130,8 +130,10 @@ func (g *Gateway) Ready() bool { return g.table.Load() != nil }
 // upstream is where one request goes, decided with its token from one table. token is nil for a
 // request Ray serves without one: it is forwarded with no credential at all.
 type upstream struct {
-	addr  string
-	token []byte
+	addr   string
+	token  []byte
+	rayTLS bool
+	name   string // the route's "namespace/name"
 }
 
 type upstreamKey struct{}
@@ -168,7 +170,7 @@ func (g *Gateway) route(t *Table, host string, port int) (upstream, error) {
 	}
 	ns, _, _ = strings.Cut(key, "/")
 	addr := net.JoinHostPort(r.Service+"."+ns+".svc."+g.opts.ClusterDomain, strconv.Itoa(port))
-	return upstream{addr: addr, token: t.Tokens[r.Token]}, nil
+	return upstream{addr: addr, token: t.Tokens[r.Token], rayTLS: r.RayTLS, name: key}, nil
 }
 
 // rewrite sends the request to its upstream with no client credential, and with the cluster's token
@@ -343,6 +345,7 @@ var errUpstreamRefused = errors.New("the cluster refused the token the gateway f
 // gRPC status codes the gateway answers Ray Client with.
 const (
 	grpcNotFound        = 5
+	grpcFailedPrecond   = 9
 	grpcUnavailable     = 14
 	grpcUnauthenticated = 16
 )

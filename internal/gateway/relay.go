@@ -579,6 +579,12 @@ func (r *relay) admit(fields []hpack.HeaderField) admission {
 	if err != nil {
 		return admission{cred: cred, result: NoRoute, grpcCode: grpcNotFound, message: "raysync gateway: " + err.Error()}
 	}
+	if up.rayTLS {
+		// Ray's Ray Client server then takes only mutual TLS (a client certificate of the cluster's
+		// CA): nothing the gateway could send it would be accepted. Say so, before any dial.
+		return admission{cred: cred, result: NoRoute, grpcCode: grpcFailedPrecond, authority: authority, message: "raysync gateway: " + up.name +
+			" runs Ray with RAY_USE_TLS (mutual TLS on its gRPC ports): the gateway relays Ray Client only without TLS; connect to the cluster's head directly with a client certificate of its CA"}
+	}
 	return admission{cred: cred, authority: authority, up: up}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -420,5 +421,55 @@ func TestRayClientStreamCap(t *testing.T) {
 	h.ray.mu.Unlock()
 	if calls != 2 {
 		t.Errorf("the head accepted %d calls, want the 2 under the cap", calls)
+	}
+}
+
+// TestRayClientToAClusterOnRayTLSIsRefusedWithWhy (issue 36 item 3): a cluster whose Ray runs with
+// RAY_USE_TLS takes Ray Client only over mutual TLS (Ray's add_port_to_grpc_server requires a client
+// certificate of its CA). The relay speaks HTTP/2 without TLS, so it answers an authenticated call
+// FAILED_PRECONDITION, saying why, and never dials the head; an unauthenticated caller learns
+// nothing of it; other clusters are relayed as before.
+func TestRayClientToAClusterOnRayTLSIsRefusedWithWhy(t *testing.T) {
+	table := testTable()
+	r := table.Routes["ml/batch"]
+	r.RayTLS = true
+	table.Routes["ml/batch"] = r
+	h := newHarness(t, table)
+	tr := h2Transport(t)
+	call := func(auth string) (status, msg string) {
+		req, _ := http.NewRequest("POST", "http://"+h.clientAddr+"/ray.rpc.RayletDriver/GetObject", bytes.NewReader(frame([]byte("x"))))
+		req.Host = "batch-gw.ml:10001"
+		req.Header.Set("Content-Type", "application/grpc")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		status, msg = resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message")
+		if status == "" {
+			status, msg = resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("Grpc-Message")
+		}
+		msg, _ = url.PathUnescape(msg) // grpc-message is percent-encoded
+		return status, msg
+	}
+	if status, msg := call("Bearer " + string(clientCurrent)); status != "9" || !strings.Contains(msg, "RAY_USE_TLS") || !strings.Contains(msg, "ml/batch") {
+		t.Errorf("authenticated call: grpc-status %s %q, want 9 (FAILED_PRECONDITION) naming ml/batch and RAY_USE_TLS", status, msg)
+	}
+	if status, msg := call(""); status != "16" || strings.Contains(msg, "RAY_USE_TLS") {
+		t.Errorf("unauthenticated call: grpc-status %s %q, want 16 and nothing about the cluster", status, msg)
+	}
+	h.ray.mu.Lock()
+	calls := h.ray.clientCalls
+	h.ray.mu.Unlock()
+	if calls != 0 {
+		t.Errorf("the head's Ray Client port was reached %d times", calls)
+	}
+	// Another cluster on the same gateway is relayed as before.
+	if got := h.unary(t, h2Transport(t), "svc-gw.ml:10001", "Bearer "+string(clientCurrent)); got != "0" {
+		t.Errorf("a cluster without RAY_USE_TLS: grpc-status %s, want 0", got)
 	}
 }

@@ -46,6 +46,10 @@ type Route struct {
 	Cluster string `json:"cluster"` // the RayCluster serving it
 	Service string `json:"service"` // that cluster's own head Service (not the RayService's, which may switch first)
 	Token   string `json:"token"`   // key into Table.Tokens
+	// RayTLS: the cluster's Ray serves gRPC, Ray Client's port too, only over mutual TLS
+	// (RAY_USE_TLS): the relay, which speaks HTTP/2 without TLS and holds no client certificate of
+	// the cluster's CA, refuses Ray Client for it rather than fail at the cluster.
+	RayTLS bool `json:"rayTLS,omitempty"`
 }
 
 // Table is the published state. Tokens are keyed by a short digest so clusters on one token share it.

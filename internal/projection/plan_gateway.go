@@ -7,11 +7,14 @@ package projection
 import (
 	"bytes"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/raysync/raysync/internal/gateway"
@@ -117,7 +120,7 @@ func planGatewayTable(views []clusterView, src *sourceView, cfg Config, now time
 	route := func(key, kind string, v clusterView, token []byte) {
 		id := tokenDigest(token)
 		t.Tokens[id] = token
-		t.Routes[key] = gateway.Route{Kind: kind, Cluster: v.in.Cluster.GetName(), Service: headService(v.in.Cluster), Token: id}
+		t.Routes[key] = gateway.Route{Kind: kind, Cluster: v.in.Cluster.GetName(), Service: headService(v.in.Cluster), Token: id, RayTLS: rayTLS(v)}
 	}
 	for _, v := range views {
 		if token := runsOn(v); token != nil && v.in.Cluster.GetDeletionTimestamp() == nil {
@@ -133,6 +136,31 @@ func planGatewayTable(views []clusterView, src *sourceView, cfg Config, now time
 		}
 	}
 	return t
+}
+
+// rayTLS reports whether the cluster's Ray serves its gRPC ports, Ray Client's among them, only over
+// mutual TLS: RAY_USE_TLS set to 1 or true (as Ray reads it) on the head's Ray container, in the
+// spec or in a head pod (KubeRay v1.7.0's RayClusterMTLS gate, spec.tlsOptions, sets it in the pods).
+func rayTLS(v clusterView) bool {
+	on := func(env []corev1.EnvVar) bool {
+		return slices.ContainsFunc(env, func(e corev1.EnvVar) bool {
+			return e.Name == "RAY_USE_TLS" && (strings.EqualFold(e.Value, "1") || strings.EqualFold(e.Value, "true"))
+		})
+	}
+	rc := v.in.Cluster
+	if _, ok, _ := unstructured.NestedMap(rc.Object, "spec", "tlsOptions"); ok {
+		return true
+	}
+	containers, _, _ := unstructured.NestedSlice(rc.Object, "spec", "headGroupSpec", "template", "spec", "containers")
+	if len(containers) > 0 {
+		var c corev1.Container
+		if m, ok := containers[0].(map[string]any); ok && runtime.DefaultUnstructuredConverter.FromUnstructured(m, &c) == nil && on(c.Env) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(v.in.Pods, func(p *corev1.Pod) bool {
+		return p.Labels[kuberay.NodeTypeLabel] == "head" && len(p.Spec.Containers) > 0 && on(p.Spec.Containers[0].Env)
+	})
 }
 
 // maxTableBytes: a Secret holds at most 1 MiB; a table larger than this is not published.

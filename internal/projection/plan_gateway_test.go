@@ -269,3 +269,49 @@ func TestPreviousTokenBeforeTheLedgerRecordsTheRotation(t *testing.T) {
 		t.Error("a revocation of the rotation before revoked the token the source just replaced")
 	}
 }
+
+// A route says when its cluster's Ray takes gRPC only over mutual TLS (RAY_USE_TLS as Ray reads it:
+// 1 or true, any case), so that the gateway refuses Ray Client for it with why (issue 36 item 3).
+func TestGatewayRoutesSayWhenRayRunsWithTLS(t *testing.T) {
+	cfg := gatewayConfig()
+	sources := []*corev1.Secret{sourceSecret(token), gatewayLedger("")}
+	marked := func(name string) func(*ClusterInput) {
+		return target(secret(ns, name, map[string]string{"auth_token": token}, ownedBy(name), withSecretAnnotation(names.TokenSHA256Annotation, tokenDigest([]byte(token))),
+			withSecretAnnotation(names.SyncedAtAnnotation, planNow.Add(-10*time.Hour).Format(time.RFC3339Nano))))
+	}
+	headEnv := func(name, value string) func(*unstructured.Unstructured) {
+		return setPath([]any{map[string]any{"name": "ray-head", "image": "rayproject/ray", "env": []any{map[string]any{"name": name, "value": value}}}},
+			"spec", "headGroupSpec", "template", "spec", "containers")
+	}
+	podEnv := func(cluster, value string) func(*ClusterInput) {
+		p := startedPod(cluster+"-head", cluster, planNow.Add(-time.Hour), headPod)
+		p.Spec.Containers = []corev1.Container{{Name: "ray-head", Env: []corev1.EnvVar{{Name: "RAY_USE_TLS", Value: value}}}}
+		return pods(p)
+	}
+	for name, tc := range map[string]struct {
+		rc   *unstructured.Unstructured
+		opts []func(*ClusterInput)
+		want bool
+	}{
+		"plain":                         {rc: rayCluster("plain"), want: false},
+		"RAY_USE_TLS=1 on the head":     {rc: rayCluster("one", headEnv("RAY_USE_TLS", "1")), want: true},
+		"RAY_USE_TLS=TRUE on the head":  {rc: rayCluster("upper", headEnv("RAY_USE_TLS", "TRUE")), want: true},
+		"RAY_USE_TLS=0 on the head":     {rc: rayCluster("zero", headEnv("RAY_USE_TLS", "0")), want: false},
+		"another variable":              {rc: rayCluster("other", headEnv("RAY_TLS_CA_CERT", "/etc/ca.crt")), want: false},
+		"spec.tlsOptions (KubeRay 1.7)": {rc: rayCluster("mtls", setPath(map[string]any{}, "spec", "tlsOptions")), want: true},
+		"set in the head pod only":      {rc: rayCluster("pod"), opts: []func(*ClusterInput){podEnv("pod", "true")}, want: true},
+		"the head pod says 0":           {rc: rayCluster("podzero"), opts: []func(*ClusterInput){podEnv("podzero", "0")}, want: false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := gatewayView(cfg, sources, tc.rc, append([]func(*ClusterInput){marked(tc.rc.GetName())}, tc.opts...)...)
+			tab := planGatewayTable([]clusterView{v}, readSources(cfg, getter(sources), planNow), cfg, planNow)
+			r, ok := tab.Routes["ray/"+tc.rc.GetName()]
+			if !ok {
+				t.Fatalf("no route for %s: %v", tc.rc.GetName(), tab.Routes)
+			}
+			if r.RayTLS != tc.want {
+				t.Errorf("RayTLS %v, want %v", r.RayTLS, tc.want)
+			}
+		})
+	}
+}
