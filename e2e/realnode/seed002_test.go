@@ -99,13 +99,15 @@ func watchRayPods(ctx context.Context, t *testing.T, cp *framework.ControlPlane,
 	return l
 }
 
-// TestRealNodeSeed002PrivateRayService is seed 002 on the real node: a RayService whose head and
-// workers use the private Ray image, in a namespace without the registry's credentials. Without
+// TestRealNodeSeed002PrivateRayImage is seed 002 on the real node: a RayService whose head and
+// workers use the private Ray image, in a namespace without the registry's credentials, then a RayJob
+// of that image in each submission mode. Without
 // raysync every Ray pod stays in ImagePullBackOff (the kubelet's 401 event). With raysync installed
 // from the registry by helm (pullSecrets: platform-secrets/regcred), its webhook gives every Ray pod
 // the pull secret at creation: every Ray pod pulls and runs and none is recycled, through a
-// blue-green upgrade.
-func TestRealNodeSeed002PrivateRayService(t *testing.T) {
+// blue-green upgrade; and every RayJob succeeds, every pod it made (its submitter's too) pulled with
+// the pull secret.
+func TestRealNodeSeed002PrivateRayImage(t *testing.T) {
 	cp := startNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -218,6 +220,11 @@ func TestRealNodeSeed002PrivateRayService(t *testing.T) {
 	second := waitRayServiceServing(ctx, t, cp, ns, "svc", first)
 	t.Logf("MEASURE blue-green upgrade → the new cluster %s serves, the old one gone, in %s", second, time.Since(t1).Round(time.Millisecond))
 	waitServes(ctx, t, cp, ns, "svc", "hello from green")
+
+	// RayJobs of the private image in each submission mode, at once: K8sJobMode's submitter is a
+	// Job's pod running the Ray image (raysync's submitter webhook gives it the pull secret),
+	// SidecarMode's a container of the head pod, HTTPMode has none (the operator submits).
+	runRayJobsInEachMode(ctx, t, cp, ns, image)
 
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
@@ -358,4 +365,117 @@ func waitServes(ctx context.Context, t *testing.T, cp *framework.ControlPlane, n
 		t.Fatalf("%s: %s, want %q", url, got, want)
 	}
 	t.Logf("%s answers %q", url, want)
+}
+
+var rayJobGVR = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
+
+// rayJob is a token-auth RayJob of the private image with no pull secret: a head-only cluster that
+// runs the entrypoint, submitted in mode, shut down when the job ends.
+func rayJob(ns, name, image, mode string) *unstructured.Unstructured {
+	cluster := rayCluster(ns, "unused", image).Object["spec"].(map[string]any)
+	delete(cluster, "workerGroupSpecs")
+	head := cluster["headGroupSpec"].(map[string]any)
+	head["rayStartParams"] = map[string]any{"num-cpus": "1", "object-store-memory": "100000000"}
+	delete(head["template"].(map[string]any)["spec"].(map[string]any), "imagePullSecrets")
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ray.io/v1", "kind": "RayJob",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{"submissionMode": mode, "shutdownAfterJobFinishes": true, "rayClusterSpec": cluster,
+			"entrypoint": `python -c "import ray; ray.init(); print('raysync-rayjob', ray.get(ray.remote(lambda: 42).remote()))"`}}}
+}
+
+// runRayJobsInEachMode runs one RayJob per submission mode side by side in ns (no pull secret of
+// its own) and fails unless each SUCCEEDED and every pod the jobs made carried raysync's pull secret;
+// K8sJobMode must have made a submitter pod (not a Ray pod) and it must have pulled too.
+func runRayJobsInEachMode(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, image string) {
+	t.Helper()
+	modes := map[string]string{"job-k8s": "K8sJobMode", "job-sidecar": "SidecarMode", "job-http": "HTTPMode"}
+	var mu sync.Mutex
+	seen := map[string]*corev1.Pod{} // every pod of the jobs, by UID, as last seen
+	w, err := cp.Kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && strings.HasPrefix(p.Name, "job-") {
+				mu.Lock()
+				seen[string(p.UID)] = p
+				mu.Unlock()
+			}
+		}
+	}()
+	t0 := time.Now()
+	for name, mode := range modes {
+		if _, err := cp.Dynamic.Resource(rayJobGVR).Namespace(ns).Create(ctx, rayJob(ns, name, image, mode), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("RayJob %s (%s): %v", name, mode, err)
+		}
+	}
+	done := map[string]string{}
+	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for name := range modes {
+			u, err := cp.Dynamic.Resource(rayJobGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				continue
+			}
+			job, _, _ := unstructured.NestedString(u.Object, "status", "jobStatus")
+			deploy, _, _ := unstructured.NestedString(u.Object, "status", "jobDeploymentStatus")
+			if deploy == "Complete" || deploy == "Failed" {
+				if _, ok := done[name]; !ok {
+					t.Logf("MEASURE RayJob %s (%s) of the private image: %s/%s after %s", name, modes[name], deploy, job, time.Since(t0).Round(time.Second))
+				}
+				done[name] = deploy + "/" + job
+			}
+		}
+		return len(done) == len(modes), nil
+	})
+	if err != nil {
+		mu.Lock()
+		var stuck []string
+		for _, p := range seen {
+			if !podReady(p) && p.Status.Phase != corev1.PodSucceeded {
+				stuck = append(stuck, p.Name+" "+describeWaiting(p))
+			}
+		}
+		mu.Unlock()
+		t.Fatalf("RayJobs not finished within 10 minutes: %v; pods not running: %v\n%s", done, stuck, events(ctx, cp.Kube, ns))
+	}
+	for name, st := range done {
+		if st != "Complete/SUCCEEDED" {
+			t.Errorf("RayJob %s (%s): %s, want Complete/SUCCEEDED\n%s", name, modes[name], st, events(ctx, cp.Kube, ns))
+		}
+	}
+	time.Sleep(2 * time.Second) // the watch's last events
+	mu.Lock()
+	defer mu.Unlock()
+	submitters := 0
+	for _, p := range seen {
+		has := false
+		for _, s := range p.Spec.ImagePullSecrets {
+			has = has || s.Name == "regcred"
+		}
+		if !has {
+			t.Errorf("pod %s was created without the pull secret: %v", p.Name, p.Spec.ImagePullSecrets)
+		}
+		if p.Labels["ray.io/is-ray-node"] == "" {
+			submitters++
+			if !strings.HasPrefix(p.Name, "job-k8s") {
+				t.Errorf("a pod that is neither a Ray pod nor K8sJobMode's submitter: %s", p.Name)
+			}
+		}
+	}
+	if submitters == 0 {
+		t.Errorf("no submitter pod seen for K8sJobMode (pods: %d)", len(seen))
+	}
+}
+
+// describeWaiting says why a pod's containers wait, if they do.
+func describeWaiting(p *corev1.Pod) string {
+	var out []string
+	for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if s.State.Waiting != nil {
+			out = append(out, s.Name+":"+s.State.Waiting.Reason)
+		}
+	}
+	return strings.Join(out, ",")
 }

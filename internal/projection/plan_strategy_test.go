@@ -122,7 +122,7 @@ func TestAReplacementKubeRayDoesNotStartDoesNotHoldTheWave(t *testing.T) {
 			want: blockedAndNext, inFlight: 1, why: `no Gateway controller has accepted Gateway a-gateway and HTTPRoute a-httproute (gatewayClassName "emulated")`},
 		"no Gateway controller, reported before: its slot to the next, nothing said again": {unit: incremental(10*time.Minute, serving,
 			annotated(names.RotationBlockedAnnotation, "x")), want: startsNext, inFlight: 1},
-		"new cluster not serving yet: it waits, holding its slot": {unit: incremental(replacementStartTimeout+time.Second), inFlight: 1},
+		"new cluster not serving yet: it waits, holding its slot": {unit: incremental(replacementStartTimeout + time.Second), inFlight: 1},
 		"traffic moving: it waits, holding its slot":              {unit: incremental(20*time.Minute, serving, traffic(40)), inFlight: 1},
 		"within the start timeout, nothing moved yet: it waits":   {unit: incremental(time.Minute, serving), inFlight: 1},
 		"traffic moving past --rotation-timeout: slow, blocked, its slot to the next": {unit: incremental(31*time.Minute, serving, traffic(40)),
