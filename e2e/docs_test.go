@@ -442,7 +442,8 @@ func TestDocsRunbooksRun(t *testing.T) {
 		"SRC_NS=raysync SRC=ray-token", "SRC_NS="+src+" SRC=ray-token",
 		"SRC_NS=raysync SRC=autoscaler-tls", "SRC_NS="+src+" SRC=autoscaler-tls")
 	sh.startDeployments(rel)
-	gw := env.StartGateway(types.NamespacedName{Namespace: rel, Name: fullname + "-gateway"}, "--log-level=debug") // as the refusing-clients page asks
+	// At info, as the chart runs it: the refusing-clients page finds the callers in the summary.
+	gw := env.StartGateway(types.NamespacedName{Namespace: rel, Name: fullname + "-gateway"}, "--log-level=info", "--refusal-summary=1s")
 	sh.procs[rel+"."+fullname+"-gateway"] = gw.Syncer
 	env.CreateRayCluster(rayCluster(cns, "c1"))
 	env.WaitSecret(cns, "c1", time.Minute, holds(token))
@@ -463,6 +464,7 @@ func TestDocsRunbooksRun(t *testing.T) {
 			t.Fatalf("the gateway answered a caller (token: %t): %s, want 401 or 403", auth != "", resp.Status)
 		}
 	}
+	time.Sleep(1500 * time.Millisecond) // the refusal summary's window (--refusal-summary=1s)
 	sum := sha256.Sum256([]byte(token))
 	digest := hex.EncodeToString(sum[:8])
 
@@ -485,7 +487,7 @@ func TestDocsRunbooksRun(t *testing.T) {
 		"raysyncdown.md": {shows: []string{"Name:", fullname},
 			allowed: []string{"previous terminated container"}, exits: []int{1}}, // a raysync that never restarted
 		"raysyncgatewaydown.md":            {shows: []string{fullname + "-gateway", "gateway"}},
-		"raysyncgatewayrefusingclients.md": {shows: []string{`"result":"forbidden"`, `"result":"unauthenticated"`, `"host":"c1-gw.` + cns}},
+		"raysyncgatewayrefusingclients.md": {shows: []string{`"msg":"refused callers"`, `"result":"forbidden"`, `"result":"unauthenticated"`, `"host":"c1-gw.` + cns}},
 		"raysyncgatewaytableinvalid.md": {shows: []string{fullname + "-gateway", "--gateway-table"},
 			exits: []int{1}}, // a raysync that publishes its table logs nothing about it: the last grep finds nothing
 		"raysyncgatewayupstreamauthfailures.md": {shows: []string{cns}},

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Protocols (metric label protocol).
@@ -63,6 +65,9 @@ type Options struct {
 	Done    func(protocol string, credential Credential)
 	// UpstreamAuthFailure records a cluster refusing the token the gateway forwarded with.
 	UpstreamAuthFailure func(protocol string)
+	// RefusalSummary is how often, at most, the gateway logs at info which callers it refused for
+	// want of an accepted credential (0: every 30 s).
+	RefusalSummary time.Duration
 }
 
 // Gateway answers clients on behalf of every cluster in its table.
@@ -70,6 +75,7 @@ type Gateway struct {
 	opts      Options
 	table     atomic.Pointer[Table]
 	dashboard *httputil.ReverseProxy
+	refused   refusals
 }
 
 // New returns a Gateway that answers nothing but "not ready" until SetTable.
@@ -96,6 +102,9 @@ func New(o Options) *Gateway {
 		o.Dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
 	o.Limits = o.Limits.withDefaults()
+	if o.RefusalSummary <= 0 {
+		o.RefusalSummary = 30 * time.Second
+	}
 	g := &Gateway{opts: o}
 	// 8265 is HTTP/1.1 upstream: websocket upgrades (the job log tail) need it.
 	// The heads are plain HTTP: TLSClientConfig is only ever the https:// proxy's, as for the tunnel.
@@ -425,13 +434,96 @@ func (r *recorder) refuse(req *http.Request, result string, cred Credential, sta
 	text(r, status, msg)
 }
 
-// logRefused says, at debug, which caller a refusal for want of an accepted credential went to: the
-// object it asked for and its address, never what it presented.
+// logRefused says which caller a refusal for want of an accepted credential went to: each one at
+// debug, and at info a summary per window of RefusalSummary (the callers by address, host, protocol
+// and result, with counts), so that finding a refused client needs no change of log level. Never
+// what the caller presented.
 func (g *Gateway) logRefused(protocol, result, host, remote string) {
-	if result == Unauthenticated || result == Forbidden {
-		g.opts.Log.Debug("refused", zap.String("result", result), zap.String("protocol", protocol),
-			zap.String("host", host), zap.String("remote", remote))
+	if result != Unauthenticated && result != Forbidden {
+		return
 	}
+	g.opts.Log.Debug("refused", zap.String("result", result), zap.String("protocol", protocol),
+		zap.String("host", host), zap.String("remote", remote))
+	if ip, _, err := net.SplitHostPort(remote); err == nil {
+		remote = ip // a caller, not each of its connections
+	}
+	g.refused.add(refusedCaller{Remote: remote, Host: host, Protocol: protocol, Result: result}, g.opts.RefusalSummary, g.logRefusals)
+}
+
+// refusedCaller is one line of the refusal summary.
+type refusedCaller struct {
+	Remote, Host, Protocol, Result string
+}
+
+// maxRefusedCallers bounds the summary's memory under a flood of forged callers: past it, refusals
+// are only counted.
+const maxRefusedCallers = 1000
+
+// refusals counts refused callers over one summary window; the window's first refusal schedules
+// its summary (no timer runs while nobody is refused).
+type refusals struct {
+	mu      sync.Mutex
+	callers map[refusedCaller]int
+	others  int // refusals of callers past maxRefusedCallers
+}
+
+func (r *refusals) add(c refusedCaller, window time.Duration, flush func(map[refusedCaller]int, int)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.callers == nil {
+		r.callers = map[refusedCaller]int{}
+		time.AfterFunc(window, func() {
+			r.mu.Lock()
+			callers, others := r.callers, r.others
+			r.callers, r.others = nil, 0
+			r.mu.Unlock()
+			flush(callers, others)
+		})
+	}
+	if _, ok := r.callers[c]; ok || len(r.callers) < maxRefusedCallers {
+		r.callers[c]++
+	} else {
+		r.others++
+	}
+}
+
+// logRefusals logs one window's refused callers at info, the most refused first, at most 20 of them.
+func (g *Gateway) logRefusals(callers map[refusedCaller]int, others int) {
+	type entry struct {
+		refusedCaller
+		n int
+	}
+	list := make([]entry, 0, len(callers))
+	total := others
+	for c, n := range callers {
+		list = append(list, entry{c, n})
+		total += n
+	}
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].n != list[j].n {
+			return list[i].n > list[j].n
+		}
+		return fmt.Sprint(list[i].refusedCaller) < fmt.Sprint(list[j].refusedCaller)
+	})
+	shown := list[:min(len(list), 20)]
+	fields := []zap.Field{zap.Int("refusals", total), zap.Int("callers", len(list)), zap.String("window", g.opts.RefusalSummary.String())}
+	if others > 0 {
+		fields = append(fields, zap.Int("refusalsOfUnlistedCallers", others))
+	}
+	fields = append(fields, zap.Array("top", zapcore.ArrayMarshalerFunc(func(enc zapcore.ArrayEncoder) error {
+		for _, e := range shown {
+			_ = enc.AppendObject(zapcore.ObjectMarshalerFunc(func(o zapcore.ObjectEncoder) error {
+				o.AddString("remote", e.Remote)
+				o.AddString("host", e.Host)
+				o.AddString("protocol", e.Protocol)
+				o.AddString("result", e.Result)
+				o.AddInt("count", e.n)
+				return nil
+			}))
+		}
+		return nil
+	})))
+	g.opts.Log.Info("refused callers", fields...)
 }
 
 // dropBody makes the answer the request's last: its body is never read.

@@ -263,11 +263,11 @@ func (h *harness) advance(d time.Duration) {
 func newHarness(t *testing.T, table *Table) *harness { return newHarnessWith(t, table, Limits{}) }
 
 // newHarnessWith is newHarness with limits (zero fields: the defaults).
-func newHarnessWith(t *testing.T, table *Table, limits Limits) *harness {
+func newHarnessWith(t *testing.T, table *Table, limits Limits, opts ...func(*Options)) *harness {
 	h := &harness{ray: newRay(t), clock: testNow}
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logs = logs
-	h.gw = New(Options{DashboardPort: 8265, ClientPort: 10001, Now: h.now, Limits: limits, Log: zap.New(core),
+	h.gw = New(withOptions(opts, Options{DashboardPort: 8265, ClientPort: 10001, Now: h.now, Limits: limits, Log: zap.New(core),
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var d net.Dialer
 			if strings.HasPrefix(addr, "gone-head-svc.") { // a head that is not there: refused
@@ -285,7 +285,7 @@ func newHarnessWith(t *testing.T, table *Table, limits Limits) *harness {
 			h.mu.Unlock()
 		},
 		UpstreamAuthFailure: func(p string) { h.mu.Lock(); h.upstream = append(h.upstream, p); h.mu.Unlock() },
-	})
+	}))
 	if table != nil {
 		h.gw.SetTable(table)
 	}
@@ -682,6 +682,71 @@ func TestRefusalsAreLoggedAtDebugWithoutTheCredential(t *testing.T) {
 				t.Errorf("log %q field %s holds a credential", e.Message, k)
 			}
 		}
+	}
+}
+
+func withOptions(opts []func(*Options), o Options) Options {
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// TestRefusedCallersAreSummarizedAtInfo (issue 37 item 4): finding which client the gateway refuses
+// needs no debug level, hence no rollout. Once per window the gateway logs at info the callers it
+// refused (address without port, host, protocol, result, count; the most refused first), never what
+// they presented; a flood of distinct callers is bounded (past 1,000 they are only counted), and a
+// window without refusals logs nothing.
+func TestRefusedCallersAreSummarizedAtInfo(t *testing.T) {
+	h := newHarnessWith(t, testTable(), Limits{}, func(o *Options) { o.RefusalSummary = 300 * time.Millisecond })
+	wrong := "wrong-but-maybe-someones-real-token"
+	for range 3 {
+		h.do(t, "GET", "/api/jobs/", "svc-gw.ml.svc:8265", map[string]string{"Authorization": "Bearer " + wrong})
+	}
+	h.do(t, "GET", "/api/jobs/", "batch-gw.ml:8265", nil)
+	if _, _, err := h.call(t, "svc-gw.ml.svc:10001", "Bearer "+wrong, [][]byte{[]byte("one")}); err != nil {
+		t.Fatal(err)
+	}
+	h.do(t, "GET", "/api/jobs/", "svc-gw.ml.svc:8265", map[string]string{"Authorization": "Bearer " + string(clientCurrent)}) // accepted
+	summaries := func() []observer.LoggedEntry {
+		return h.logs.FilterMessage("refused callers").All()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(summaries()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	got := summaries()
+	if len(got) != 1 {
+		t.Fatalf("%d summaries, want 1 for the window", len(got))
+	}
+	e := got[0]
+	if e.Level != zapcore.InfoLevel {
+		t.Errorf("summary at %s, want info", e.Level)
+	}
+	b, _ := json.Marshal(e.ContextMap())
+	want := `{"callers":3,"refusals":5,"top":[{"count":3,"host":"svc-gw.ml.svc:8265","protocol":"http","remote":"127.0.0.1","result":"forbidden"},` +
+		`{"count":1,"host":"batch-gw.ml:8265","protocol":"http","remote":"127.0.0.1","result":"unauthenticated"},` +
+		`{"count":1,"host":"svc-gw.ml.svc:10001","protocol":"grpc","remote":"127.0.0.1","result":"forbidden"}],"window":"300ms"}`
+	if string(b) != want {
+		t.Errorf("summary\n %s\nwant\n %s", b, want)
+	}
+	if strings.Contains(string(b), wrong) || strings.Contains(string(b), string(clientCurrent)) {
+		t.Error("the summary holds a credential")
+	}
+	// Nothing refused in the next window: nothing logged.
+	time.Sleep(600 * time.Millisecond)
+	if n := len(summaries()); n != 1 {
+		t.Errorf("%d summaries after a quiet window, want still 1", n)
+	}
+
+	// A flood of distinct callers: the summary's memory is bounded.
+	var r refusals
+	flushed := make(chan [2]int, 1)
+	for i := range maxRefusedCallers + 500 {
+		r.add(refusedCaller{Remote: fmt.Sprint("198.18.", i/256, ".", i%256)}, 50*time.Millisecond, func(c map[refusedCaller]int, others int) { flushed <- [2]int{len(c), others} })
+	}
+	if got := <-flushed; got != [2]int{maxRefusedCallers, 500} {
+		t.Errorf("callers kept, others counted: %v, want [%d 500]", got, maxRefusedCallers)
 	}
 }
 

@@ -44,6 +44,7 @@ type gatewayConfig struct {
 	clusterDomain string
 	drainDelay    time.Duration
 	drainTimeout  time.Duration
+	refusals      time.Duration
 	limits        gateway.Limits
 	logFormat     string
 	logLevel      zapcore.Level
@@ -71,6 +72,7 @@ func addGatewayFlags(fs *pflag.FlagSet, c *gatewayConfig, r *gatewayFlags, geten
 	fs.DurationVar(&c.limits.IdleTimeout, "idle-timeout", d.IdleTimeout, "a client connection with nothing in flight is closed after this")
 	fs.DurationVar(&c.limits.WriteTimeout, "write-timeout", d.WriteTimeout, "each write to a Ray Client connection must complete within this: a client that stops reading is cut off")
 	fs.IntVar(&c.limits.MaxStreams, "max-streams", d.MaxStreams, "most streams one Ray Client connection has open at once; more are refused (REFUSED_STREAM)")
+	fs.DurationVar(&c.refusals, "refusal-summary", 30*time.Second, "at most this often, log at info which callers were refused for want of an accepted token (address, host, protocol, result, count; never what they presented)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	if ns := getenv("POD_NAMESPACE"); ns != "" {
@@ -95,6 +97,9 @@ func (c *gatewayConfig) validate(r *gatewayFlags) error {
 	}
 	if c.drainDelay < 0 || c.drainTimeout < 0 {
 		return errors.New("--drain-delay and --drain-timeout must not be negative")
+	}
+	if c.refusals < time.Second {
+		return errors.New("--refusal-summary must be at least 1s")
 	}
 	if l := c.limits; l.MaxConnections < 1 || l.HeaderTimeout <= 0 || l.BodyTimeout <= 0 || l.IdleTimeout <= 0 || l.WriteTimeout <= 0 || l.MaxStreams < 1 {
 		return errors.New("--max-connections, --max-streams, --header-timeout, --body-timeout, --idle-timeout and --write-timeout must be positive")
@@ -135,7 +140,7 @@ func serveGateway(ctx context.Context, cfg *gatewayConfig, log *zap.Logger) erro
 	}
 	m := metrics.NewGateway()
 	gw := gateway.New(gateway.Options{ClusterDomain: cfg.clusterDomain, DashboardPort: 8265, ClientPort: 10001,
-		Proxy: http.ProxyFromEnvironment, Log: log, Limits: cfg.limits,
+		Proxy: http.ProxyFromEnvironment, Log: log, Limits: cfg.limits, RefusalSummary: cfg.refusals,
 		Observe: func(p, r string, c gateway.Credential, s float64) { m.Observe(p, r, string(c), s) },
 		Done:    func(_ string, c gateway.Credential) { m.Done(string(c)) },
 		UpstreamAuthFailure: func(p string) {
