@@ -13,6 +13,7 @@ import (
 	"debug/macho"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/raysync/raysync/e2e/framework"
 )
@@ -35,8 +37,13 @@ import (
 // (REGISTRY given with a trailing slash, as people paste it): the image index holds exactly linux/amd64
 // and linux/arm64, each an ELF /syncer of its architecture; the darwin binaries are Mach-O of theirs;
 // SHA256SUMS matches; the SBOM names the modules at go.mod's versions; `syncer version` prints the
-// version. Then `helm install oci://…/charts/raysync --version` with only the required values (and the
-// registry's pull secret) pulls the amd64 image by the chart's default repository and runs Ready.
+// version. Then the quick start of docs/getting-started/helm.md runs as written (steps 2 to 6, the
+// registry's name and the version substituted) on a cluster that already runs a RayService of the
+// private Ray image: `helm install oci://…/charts/raysync --version` with only the required values (and
+// the pull secret the page says a registry with credentials needs) pulls the amd64 image by the
+// chart's default repository and rolls out; `kubectl exec deploy/raysync -- /syncer status` exits 1
+// with the RayService not adopted, and installing moved it not; the adoption's dry run, then the
+// adoption, replace it onto the canonical token, which step 6's digests show.
 func TestRealNodeRelease(t *testing.T) {
 	cp := startNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -210,29 +217,104 @@ func TestRealNodeRelease(t *testing.T) {
 		t.Errorf("syncer version: %v: %q, want syncer %s (commit …", err, v, version)
 	}
 
-	// Install from the registry with the chart's defaults: the image repository is the released one.
+	// The quick start (docs/getting-started/helm.md) as written, steps 2 to 6, on a cluster that
+	// already runs a RayService: step 1 is the release above into this registry, whose name replaces
+	// the page's registry.example.com/platform and whose version its 0.2.0. The reader is logged in to
+	// the registry as for docker push (DOCKER_CONFIG, which helm reads as its registry config too) and
+	// trusts its CA (SSL_CERT_FILE); the registry needs credentials, so step 3 gets the pull secret the
+	// page says to add. The chart's image defaults to the released one.
 	ns := "raysync"
-	if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	image, err := cp.PushRayImage(ctx, t.Logf)
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitServiceAccount(ctx, t, cp.Kube, ns)
+	fleet := runningFleet(ctx, t, cp, "ml-team", image)
+	kubectl, err := framework.Kubectl(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm, err := framework.EnsureHelm(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(tmp, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, path := range map[string]string{"kubectl": kubectl, "helm": helm} {
+		if err := os.Symlink(path, filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reader := append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "KUBECONFIG="+cp.Kubeconfig, "SSL_CERT_FILE="+ca,
+		"HELM_CACHE_HOME="+tmp+"/helm/cache", "HELM_CONFIG_HOME="+tmp+"/helm/config", "HELM_DATA_HOME="+tmp+"/helm/data",
+		"HELM_REGISTRY_CONFIG="+filepath.Join(tmp, "docker", "config.json"))
+	// Nothing the steps print about the token reaches the test's output: not the token, not its digest.
+	redact := func(s string) string { return s }
+	step := func(n int, block string) (string, int) {
+		t.Helper()
+		block = strings.ReplaceAll(block, "registry.example.com/platform", registry)
+		block = strings.ReplaceAll(block, "--version 0.2.0", "--version "+version)
+		t.Logf("quick start step %d:\n%s", n, block)
+		cmd := exec.CommandContext(ctx, "bash", "-c", block) // without -e, as a reader pastes it
+		cmd.Env = reader
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+		t.Logf("exit %d:\n%s", code, redact(string(out)))
+		return string(out), code
+	}
+	blocks := quickStartBlocks(t)
+	if len(blocks) != 6 || !strings.Contains(blocks[0], "make release VERSION=0.2.0 REGISTRY=registry.example.com/platform") {
+		t.Fatalf("the quick start has %d blocks and step 1 %q: this test runs steps 2-6 after the release above", len(blocks), blocks[0])
+	}
+	if out, code := step(2, blocks[1]); code != 0 {
+		t.Fatalf("step 2 exited %d:\n%s", code, out)
+	}
+	src, err := cp.Kube.CoreV1().Secrets(ns).Get(ctx, "ray-token", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(src.Data["auth_token"])
+	canonical := hex.EncodeToString(sum[:8])
+	if len(src.Data["auth_token"]) != 64 {
+		t.Fatalf("step 2 wrote a token of %d characters, want 64 hex characters and no newline", len(src.Data["auth_token"]))
+	}
+	redact = strings.NewReplacer(string(src.Data["auth_token"]), "<token>", canonical, "<its digest>").Replace
 	if _, err := cp.Kube.CoreV1().Secrets(ns).Create(ctx, pull, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cp.Kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ray-token"},
-		StringData: map[string]string{"auth_token": "realnode-release-token"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	t1 := time.Now()
-	chart := "oci://" + registry + "/charts/raysync"
-	if out, err := cp.Helm(ctx, t.Logf, "install", "raysync", chart, "--version", version, "--namespace", ns, "--ca-file", ca,
-		"--set", "authSource.namespace=raysync,authSource.name=ray-token,allNamespaces=true,imagePullSecrets[0].name=regcred"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	install := strings.TrimRight(blocks[2], "\n") + " \\\n  --set 'imagePullSecrets[0].name=regcred'\n"
+	if out, code := step(3, install); code != 0 {
+		t.Fatalf("step 3 (helm install oci://…) exited %d:\n%s\nevents:\n%s", code, out, events(ctx, cp.Kube, ns))
+	}
+	// Step 4 on a running fleet: both replicas roll out; status exits 1 saying the RayService is not adopted.
+	if out, code := step(4, blocks[3]); code != 1 || !strings.Contains(out, "successfully rolled out") || !strings.Contains(out, "not adopted") {
+		t.Errorf("step 4 exited %d, want 1 with the rollout done and the running RayService not adopted:\n%s", code, redact(out))
+	}
+	t.Logf("MEASURE quick start: helm install oci://%s/charts/raysync --version %s → rolled out and status answered in %s", registry, version, time.Since(t1).Round(time.Millisecond))
+	if now := fleetCluster(ctx, t, cp, "ml-team", "fleet"); now != fleet {
+		t.Fatalf("installing moved the running RayService: its cluster %s became %s", fleet, now)
+	}
+	if out, code := step(5, blocks[4]); code != 0 || !strings.Contains(out, "(dry run: nothing changed)") {
+		t.Errorf("step 5 exited %d, want a dry run then the adoption:\n%s", code, redact(out))
+	}
+	// Adopted, the RayService is replaced onto the canonical token; then step 6 shows its Secret's
+	// digest equal to the canonical token's.
+	moved := waitRayServiceServing(ctx, t, cp, "ml-team", "fleet", fleet)
+	// Its Secret and the canonical token: one digest, the canonical token's, on two lines.
+	if shown, code := step(6, blocks[5]); code != 0 || strings.Count(shown, canonical) != 2 || !strings.Contains(shown, moved) {
+		t.Errorf("step 6 exited %d: want the adopted RayService's new cluster %s with the canonical token's digest, and that digest:\n%s", code, moved, redact(shown))
 	}
 	if err := waitReady(ctx, cp, ns, 2); err != nil {
-		t.Fatalf("helm install %s --version %s: raysync not 2/2 Ready: %v\nevents:\n%s", chart, version, err, events(ctx, cp.Kube, ns))
+		t.Fatalf("raysync not 2/2 Ready: %v\nevents:\n%s", err, events(ctx, cp.Kube, ns))
 	}
-	t.Logf("MEASURE helm install %s --version %s → 2/2 Ready in %s", chart, version, time.Since(t1).Round(time.Millisecond))
 	pods, err := cp.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=raysync"})
 	if err != nil {
 		t.Fatal(err)
@@ -242,10 +324,6 @@ func TestRealNodeRelease(t *testing.T) {
 		if p.Spec.Containers[0].Image != registry+"/raysync:"+version || len(st) == 0 || !strings.HasPrefix(st[0].ImageID, registry+"/raysync@sha256:") {
 			t.Errorf("pod %s runs %s (%v), want %s/raysync:%s pulled from the registry", p.Name, p.Spec.Containers[0].Image, st, registry, version)
 		}
-	}
-	kubectl, err := framework.Kubectl(ctx, t.Logf)
-	if err != nil {
-		t.Fatal(err)
 	}
 	v, err = exec.CommandContext(ctx, kubectl, "--kubeconfig", cp.Kubeconfig, "-n", ns, "exec", "deploy/raysync", "--", "/syncer", "version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(v), "syncer "+version+" (commit ") || !strings.Contains(string(v), "linux/amd64") {
@@ -340,4 +418,75 @@ func keys[V any](m map[string]V) string {
 	}
 	sort.Strings(k)
 	return fmt.Sprint(k)
+}
+
+// quickStartBlocks returns the shell blocks of docs/getting-started/helm.md marked as the quick start.
+func quickStartBlocks(t *testing.T) []string {
+	t.Helper()
+	root, err := framework.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "docs", "getting-started", "helm.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	armed, in := false, false
+	var cur strings.Builder
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.TrimSpace(line) == "<!-- docs-run: quickstart -->":
+			armed = true
+		case armed && !in && strings.HasPrefix(line, "```"):
+			in, cur = true, strings.Builder{}
+		case in && strings.HasPrefix(line, "```"):
+			blocks = append(blocks, cur.String())
+			in, armed = false, false
+		case in:
+			cur.WriteString(line + "\n")
+		}
+	}
+	return blocks
+}
+
+// runningFleet is what a cluster runs before raysync comes: in ns, a token-auth RayService of the
+// private image with the registry's pull secret of its own (KubeRay's random token), serving. It
+// returns its cluster.
+func runningFleet(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, image string) string {
+	t.Helper()
+	if _, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitServiceAccount(ctx, t, cp.Kube, ns)
+	pull, err := cp.RegistryPullSecret(ns, "regcred")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().Secrets(ns).Create(ctx, pull, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Kube.CoreV1().ConfigMaps(ns).Create(ctx, serveAppConfigMap(t, ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rs := rayService(ns, "fleet", image, "blue")
+	cluster := rs.Object["spec"].(map[string]any)["rayClusterConfig"].(map[string]any)
+	for _, g := range []map[string]any{cluster["headGroupSpec"].(map[string]any), cluster["workerGroupSpecs"].([]any)[0].(map[string]any)} {
+		g["template"].(map[string]any)["spec"].(map[string]any)["imagePullSecrets"] = []any{map[string]any{"name": "regcred"}}
+	}
+	if _, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return waitRayServiceServing(ctx, t, cp, ns, "fleet", "")
+}
+
+// fleetCluster is the RayService's active cluster now.
+func fleetCluster(ctx context.Context, t *testing.T, cp *framework.ControlPlane, ns, name string) string {
+	t.Helper()
+	u, err := cp.Dynamic.Resource(rayServiceGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	active, _, _ := unstructured.NestedString(u.Object, "status", "activeServiceStatus", "rayClusterName")
+	return active
 }
