@@ -79,3 +79,43 @@ func TestPodCacheBehindNeverLeavesAContainerOnAnotherToken(t *testing.T) {
 		t.Error("no pod was recycled: the containers cannot have started on KubeRay's token before raysync's write, so this test tested nothing")
 	}
 }
+
+// TestRestartUnderALaggingKubeletStartsEveryContainerOnTheNewToken (issue 38 item 4): the stand-in
+// reads this namespace's Secrets as the real kubelet's Watch-based manager does, every watch event 1 s
+// late (the bound raysync assumes; the real node measured 0 of 16 stale starts). A restart writes the
+// new token once every pod is gone, then lets KubeRay start the cluster again: resumed before every
+// kubelet's cache has the write, the new pods would start on the previous token, the whole cluster
+// on it while its Secret says the new one. raysync resumes only 1.5 s after the write (the planner's
+// resumeWait). Every container that starts after the rotation must start on the new token, and the
+// cluster is restarted once. With the watch 5 s late the stand-in started 0 of 3 on the new token: the
+// test sees a stale start when there is one.
+func TestRestartUnderALaggingKubeletStartsEveryContainerOnTheNewToken(t *testing.T) {
+	cp := newestKubeRay()
+	if cp == nil || cp.External {
+		t.Skip("needs the local control plane")
+	}
+	t.Parallel()
+	env := newEnv(t, cp)
+	env.StandIn()
+	ns := env.NamespaceAnnotated(map[string]string{framework.StandInSecretCache: "1s"})
+	t1 := env.NewToken()
+	env.PutSource(ns, "ray-token", tokenData(t1))
+	s := env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns, "--rotation-timeout=3m")
+	env.CreateRayCluster(rayCluster(ns, "restarted", withAnnotations(map[string]string{"raysync.dev/rotation": "restart"})))
+	before := env.WaitPodsReady(ns, kuberay.ClusterLabel+"=restarted", 2, 60*time.Second)
+	env.AssertStartedWith(ns, t1, "restarted")
+	env.waitForNextSecond(before)
+	t2 := env.NewToken()
+	rotatedAt := time.Now()
+	env.PutSource(ns, "ray-token", tokenData(t2))
+	env.WaitEvent(ns, "restarted", "RotationCompleted", 120*time.Second)
+	env.WaitSecret(ns, "restarted", 5*time.Second, holds(t2))
+	env.WaitPodsReady(ns, kuberay.ClusterLabel+"=restarted", 2, 60*time.Second)
+	time.Sleep(5 * time.Second) // a recycle or a second restart would come within the next passes
+	if all, with := env.startsSince(ns, "restarted", t2, rotatedAt, podUIDs(before)); all == 0 || with != all {
+		t.Errorf("under a kubelet whose Secret cache lags 1 s: %d of %d container starts after the rotation used the new token", with, all)
+	}
+	if v, _ := s.Metric("raysync_rotations_performed_total", map[string]string{"action": "restart"}); v != 1 {
+		t.Errorf("raysync_rotations_performed_total{action=restart} = %v, want 1", v)
+	}
+}

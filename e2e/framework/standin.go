@@ -56,6 +56,9 @@ const (
 	StandInStart = standin.AnnotationStart
 	// StandInStartDelay overrides the start delay for a namespace's pods (a Go duration).
 	StandInStartDelay = standin.AnnotationStartDelay
+	// StandInSecretCache "watch" or a Go duration: the namespace's Secrets are read as the real
+	// kubelet's Watch-based manager does (stale until the watch event arrives, that much late).
+	StandInSecretCache = standin.AnnotationSecretCache
 )
 
 // RayStandIn is the test's handle on the kubelet and Ray stand-in of a control plane.

@@ -66,7 +66,8 @@ type Kubelet struct {
 	events      record.EventRecorder
 	broadcaster record.EventBroadcaster
 
-	real *realRuntime // nil: no real processes
+	real *realRuntime  // nil: no real processes
+	stop chan struct{} // closed by Close: the secret reflectors end
 
 	mu    sync.Mutex
 	pods  map[types.UID]*podRuntime
@@ -89,6 +90,8 @@ func NewKubelet(cfg Config, kube kubernetes.Interface, factory informers.SharedI
 	k.events = k.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.NodeName})
 	core := factory.Core().V1()
 	k.nsl = core.Namespaces().Lister()
+	k.stop = make(chan struct{})
+	k.objects = newWatchedSecrets(kube, k.nsl, k.stop)
 	k.router = &router{services: core.Services().Lister(), pods: core.Pods().Lister(), dir: k}
 	if k.real != nil {
 		go k.writeClientHosts()
@@ -177,6 +180,7 @@ func (k *Kubelet) namespaceOptions(namespace string) (delay time.Duration, start
 // Close deletes the node network of real pods (their processes end with the stand-in) and flushes
 // the Events.
 func (k *Kubelet) Close() {
+	close(k.stop)
 	k.real.close()
 	k.broadcaster.Shutdown()
 }

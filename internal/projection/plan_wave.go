@@ -86,7 +86,9 @@ func planWave(clusters []clusterView, cfg Config, now time.Time, expected map[st
 			continue
 		}
 		w.InFlight++
-		if done, actions := advance(u, now, started, cfg.Rotation.Timeout); done || len(actions) > 0 {
+		if wait := resumeWait(u, now); wait > 0 {
+			w.RequeueAfter = minPositive(w.RequeueAfter, wait)
+		} else if done, actions := advance(u, now, started, cfg.Rotation.Timeout); done || len(actions) > 0 {
 			w.Actions = append(w.Actions, actions...)
 			if done {
 				w.InFlight--
@@ -365,6 +367,29 @@ func advance(u *unit, now, started time.Time, timeout time.Duration) (done bool,
 	end.Completes = took
 	return true, append([]Action{end}, unitEvents(u, corev1.EventTypeNormal, names.ReasonRotationCompleted,
 		fmt.Sprintf("restarted on the current canonical token in %s", took.Round(time.Second)))...)
+}
+
+// resumeWait is how long a restart whose Secret already holds the new token must stay suspended:
+// until every kubelet's Secret cache can have seen the write (its acknowledgement, then a watch's
+// lag). Resumed earlier, KubeRay's new pods could start on a node still handing out the previous token,
+// the whole cluster on it while its Secret says the new one. The write's time is the Secret's
+// synced-at (durable: the same after a restart of raysync); 0 when it is due, or not a restart there.
+func resumeWait(u *unit, now time.Time) time.Duration {
+	if u.ownerKind != names.OwnerRayCluster {
+		return 0
+	}
+	m := u.members[0]
+	if !suspended(m.in.Cluster) || len(m.in.Pods) > 0 || !m.plan.TargetHoldsCurrent {
+		return 0
+	}
+	written := syncedAt(m.in.Target)
+	if written.IsZero() {
+		return 0
+	}
+	if visible := written.Add(writeAckSlack + kubeletWatchLag); now.Before(visible) {
+		return visible.Sub(now)
+	}
+	return 0
 }
 
 // abandon ends a restart that cannot finish: raysync's marks go, the cluster resumes (suspend: false)

@@ -78,6 +78,7 @@ func TestPlanWave(t *testing.T) {
 		want     []string
 		inFlight int
 		blocked  bool
+		requeue  time.Duration // checked when set
 	}{
 		"three behind, two at a time: the first two by name": {
 			views: func() []clusterView {
@@ -115,6 +116,22 @@ func TestPlanWave(t *testing.T) {
 			views: func() []clusterView {
 				return []clusterView{view(t, cfg, rayCluster("held", annotated(names.RotateAnnotation, "false")), false)}
 			},
+		},
+		// Every pod gone and the new token written: resumed only once every kubelet's Secret cache can
+		// have the write (1.5 s after it), or a lagging one could start the new pods on the old token.
+		"restart: the new token written 0.5 s ago: still suspended, looked at again when the write is visible": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(time.Minute), setPath(true, "spec", "suspend")), true,
+					pods(), writtenAgo(500*time.Millisecond))}
+			},
+			inFlight: 1, requeue: time.Second,
+		},
+		"restart: the new token written 2 s ago: resumed": {
+			views: func() []clusterView {
+				return []clusterView{view(t, cfg, restartCluster("c1", started(time.Minute), setPath(true, "spec", "suspend")), true,
+					pods(), writtenAgo(2*time.Second))}
+			},
+			want: []string{"patch RayCluster c1"}, inFlight: 1,
 		},
 		"past the timeout, its new pods never ready: blocked once, and nothing else starts": {
 			views: func() []clusterView {
@@ -224,7 +241,17 @@ func TestPlanWave(t *testing.T) {
 			if w.InFlight != tc.inFlight || w.Blocked != tc.blocked {
 				t.Errorf("in flight %d, blocked %v; want %d, %v", w.InFlight, w.Blocked, tc.inFlight, tc.blocked)
 			}
+			if tc.requeue != 0 && w.RequeueAfter != tc.requeue {
+				t.Errorf("requeue after %s, want %s", w.RequeueAfter, tc.requeue)
+			}
 		})
+	}
+}
+
+// writtenAgo: raysync wrote the cluster's token d ago (its Secret's synced-at).
+func writtenAgo(d time.Duration) func(*ClusterInput) {
+	return func(in *ClusterInput) {
+		in.Target.Annotations[names.SyncedAtAnnotation] = planNow.Add(-d).UTC().Format(time.RFC3339Nano)
 	}
 }
 
