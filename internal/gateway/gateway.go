@@ -447,6 +447,9 @@ func (g *Gateway) logRefused(protocol, result, host, remote string) {
 	if ip, _, err := net.SplitHostPort(remote); err == nil {
 		remote = ip // a caller, not each of its connections
 	}
+	if len(host) > 256 {
+		host = host[:256] // the caller's to choose: a name is at most 253, the summary's memory stays bounded
+	}
 	g.refused.add(refusedCaller{Remote: remote, Host: host, Protocol: protocol, Result: result}, g.opts.RefusalSummary, g.logRefusals)
 }
 
