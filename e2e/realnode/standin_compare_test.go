@@ -3,6 +3,7 @@ package realnode
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,12 +33,18 @@ import (
 // plus the restart count and the kubelet's event reasons. Every difference fails the test. The real
 // kubelet's sequences of statuses are printed (REAL), the stand-in's too (STANDIN).
 //
+// Then a freshness step on both: with the kubelet's reflector for a Secret running, a container
+// started right after the Secret's write reads the new value or the previous one (the stand-in in its
+// model of the kubelet's Watch-based manager, standin.raysync.dev/secret-cache: watch). The two must
+// agree round by round.
+//
 // Both control planes never run at once: the real node is stopped before the stand-in starts.
 func TestStandInMatchesRealKubelet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: skipped in -short mode")
 	}
 	var real, standIn map[string]shapeResult
+	var realFresh, standInFresh []string
 	t.Run("RealNode", func(t *testing.T) {
 		cp := startNode(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -79,6 +86,16 @@ func TestStandInMatchesRealKubelet(t *testing.T) {
 				return first, err
 			}}
 		real = runShapes(ctx, t, n)
+		realFresh = freshness(ctx, t, n, nil, func(ctx context.Context, pod string, values []string) (string, error) {
+			var v string
+			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				b, err := cp.Kube.CoreV1().Pods(freshNS).GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+				_, after, ok := strings.Cut(string(b), freshVar+"=")
+				v = strings.TrimSpace(strings.SplitN(after, "\n", 2)[0])
+				return err == nil && ok, nil
+			})
+			return v, err
+		})
 		if err := cp.Stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -109,9 +126,38 @@ func TestStandInMatchesRealKubelet(t *testing.T) {
 			pullSecret: func(name string) (*corev1.Secret, error) { return standInPullSecret(ns, name), nil },
 			pause:      func(args ...string) ([]string, []string) { return []string{pause}, args }, pauseBinary: pause}
 		standIn = runShapes(ctx, t, n)
+		// The stand-in's model of the kubelet's Watch-based secret manager (the watch as fast as the
+		// API server delivers it); what a container read is the fingerprint of its RAY_AUTH_TOKEN.
+		standInFresh = freshness(ctx, t, n, map[string]string{framework.StandInSecretCache: "watch"},
+			func(ctx context.Context, pod string, values []string) (string, error) {
+				var v string
+				err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+					starts, err := cp.Ray.Starts(ctx, freshNS)
+					if err != nil {
+						return false, nil
+					}
+					for _, st := range starts {
+						if st.Pod != pod || st.TokenFingerprint == "" {
+							continue
+						}
+						v = "a value never written"
+						for _, want := range values {
+							if cp.Ray.Fingerprint(want) == st.TokenFingerprint {
+								v = want
+							}
+						}
+						return true, nil
+					}
+					return false, nil
+				})
+				return v, err
+			})
 	})
 	if real == nil || standIn == nil {
 		t.Skip("comparison needs both halves")
+	}
+	if d := cmp.Diff(realFresh, standInFresh); d != "" {
+		t.Errorf("a container started right after its Secret's write, the reflector already running: what it read (-real +stand-in):\n%s", d)
 	}
 	for _, s := range kubeletShapes {
 		r, si := real[s.name], standIn[s.name]
@@ -625,4 +671,70 @@ func standInPullSecret(ns, name string) *corev1.Secret {
 	cfg := fmt.Sprintf(`{"auths":{%q:{"username":"u","password":"p"}}}`, framework.PrivateRegistry)
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Type: corev1.SecretTypeDockerConfigJson,
 		Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(cfg)}}
+}
+
+// freshNS and freshVar are the freshness step's namespace and the variable its pods read.
+const (
+	freshNS  = "kubelet-fresh"
+	freshVar = "RAY_AUTH_TOKEN"
+)
+
+// freshness is TestRealNodeSecretCacheStaleness's watched case on one node: a long-running pod keeps
+// the kubelet's reflector for Secret "fresh" running; each round writes the Secret and at once creates
+// a pod whose container reads it (as a restart writes the token, then lets KubeRay create the pods).
+// It returns, per round, "fresh" or "stale (<value>)": what the container started with. read says
+// which of values a pod's container read.
+func freshness(ctx context.Context, t *testing.T, node *cmpNode, annotations map[string]string,
+	read func(ctx context.Context, pod string, values []string) (string, error)) []string {
+	t.Helper()
+	n := *node
+	n.ns, n.nsAnnotations = freshNS, maps.Clone(node.nsAnnotations)
+	if n.nsAnnotations == nil {
+		n.nsAnnotations = map[string]string{}
+	}
+	maps.Copy(n.nsAnnotations, annotations)
+	kube := n.kube
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: freshNS, Annotations: n.nsAnnotations}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitServiceAccount(ctx, t, kube, freshNS)
+	values := []string{"fresh-gen-0"}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "fresh", Namespace: freshNS}, StringData: map[string]string{"v": values[0]}}
+	if _, err := kube.CoreV1().Secrets(freshNS).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name string, args ...string) *corev1.Pod {
+		p := basePod(&n, name, args...)
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: freshVar, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "fresh"}, Key: "v"}}}}
+		return p
+	}
+	if _, err := kube.CoreV1().Pods(freshNS).Create(ctx, pod("keeper", "sleep", "1h"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodRunning(ctx, t, kube, freshNS, "keeper")
+	var out []string
+	for i := 1; i <= 5; i++ {
+		v := fmt.Sprintf("fresh-gen-%d", i)
+		values = append(values, v)
+		secret.StringData = map[string]string{"v": v}
+		if _, err := kube.CoreV1().Secrets(freshNS).Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("reader-%d", i)
+		if _, err := kube.CoreV1().Pods(freshNS).Create(ctx, pod(name, "env", freshVar), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := read(ctx, name, values)
+		if err != nil {
+			t.Fatalf("%s: what %s read: %v", n.kind, name, err)
+		}
+		if got == v {
+			out = append(out, "fresh")
+		} else {
+			out = append(out, "stale ("+got+")")
+		}
+	}
+	t.Logf("MEASURE %s freshness (a container started right after its Secret's write, the reflector running): %v", n.kind, out)
+	return out
 }
