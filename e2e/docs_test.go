@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -45,32 +44,9 @@ var docsPublishStep = regexp.MustCompile(`(?m)^make release VERSION=\S+ REGISTRY
 // docsBlocks returns the blocks of page marked `<!-- docs-run: name -->`, in order.
 func docsBlocks(t *testing.T, page, name string) []string {
 	t.Helper()
-	root, _ := framework.RepoRoot()
-	b, err := os.ReadFile(filepath.Join(root, "docs", page))
+	blocks, err := framework.DocsBlocks(page, name)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var blocks []string
-	marker := "<!-- docs-run: " + name + " -->"
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	armed, in := false, false
-	var cur strings.Builder
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.TrimSpace(line) == marker:
-			armed = true
-		case armed && !in && strings.HasPrefix(line, "```"):
-			in, cur = true, strings.Builder{}
-		case in && strings.HasPrefix(line, "```"):
-			blocks = append(blocks, cur.String())
-			in, armed = false, false
-		case in:
-			cur.WriteString(line + "\n")
-		}
-	}
-	if len(blocks) == 0 {
-		t.Fatalf("docs/%s has no block marked %s", page, marker)
 	}
 	return blocks
 }

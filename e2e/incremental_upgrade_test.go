@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -42,22 +41,8 @@ var (
 // (c) The gate off is TestReplacementsKubeRayWillNotStartAreGivenUpAndTheWaveGoesOn. Only the
 // operator's code decides here, so this runs on v1.6.1 alone.
 func TestIncrementalUpgradeWithTheGateOn(t *testing.T) {
-	if len(controlPlanes) == 0 || controlPlanes[0].External || testing.Short() {
-		t.Skip("needs the harness, to start an operator of its own")
-	}
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", Logf: logf, GatewayAPI: true,
+	env := ownOperator(t, framework.Options{KubeRayVersion: "v1.6.1", GatewayAPI: true,
 		OperatorArgs: []string{"--feature-gates=RayServiceIncrementalUpgrade=true"}})
-	cancel()
-	if cp != nil {
-		t.Cleanup(func() { _ = cp.Stop() })
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := newEnv(t, cp)
-	env.StandIn()
 	ns, _ := env.NamespaceWithToken()
 	env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns, "--max-concurrent-rotations=1")
 

@@ -28,22 +28,7 @@ import (
 // and holds it with the reason; neither gets a second cluster; the slot frees and the third is
 // replaced. Only the operator's code decides here, so this runs on v1.6.1 alone.
 func TestReplacementsKubeRayWillNotStartAreGivenUpAndTheWaveGoesOn(t *testing.T) {
-	if len(controlPlanes) == 0 || controlPlanes[0].External || testing.Short() {
-		t.Skip("needs the harness, to start an operator of its own")
-	}
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	cp, err := framework.Start(ctx, framework.Options{KubeRayVersion: "v1.6.1", Logf: logf,
-		OperatorEnv: []string{"ENABLE_ZERO_DOWNTIME=false"}})
-	cancel()
-	if cp != nil {
-		t.Cleanup(func() { _ = cp.Stop() })
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := newEnv(t, cp)
-	env.StandIn()
+	env := ownOperator(t, framework.Options{KubeRayVersion: "v1.6.1", OperatorEnv: []string{"ENABLE_ZERO_DOWNTIME=false"}})
 	ns, _ := env.NamespaceWithToken()
 	env.StartSyncer("--auth-source="+ns+"/ray-token", "--namespaces="+ns, "--max-concurrent-rotations=1")
 	strategy := func(typ string) func(*unstructured.Unstructured) {
@@ -109,4 +94,27 @@ func TestReplacementsKubeRayWillNotStartAreGivenUpAndTheWaveGoesOn(t *testing.T)
 	if !completed {
 		t.Errorf("new-cluster was not replaced within 7 minutes: the given-up replacements held the wave's slot")
 	}
+}
+
+// ownOperator runs the test, in parallel, on a control plane of its own whose KubeRay operator starts
+// as o says (its environment, its flags, the CRDs it needs), with the stand-in; stopped at the end.
+func ownOperator(t *testing.T, o framework.Options) *Env {
+	t.Helper()
+	if len(controlPlanes) == 0 || controlPlanes[0].External || testing.Short() {
+		t.Skip("needs the harness, to start an operator of its own")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	o.Logf = logf
+	cp, err := framework.Start(ctx, o)
+	cancel()
+	if cp != nil {
+		t.Cleanup(func() { _ = cp.Stop() })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := newEnv(t, cp)
+	env.StandIn()
+	return env
 }

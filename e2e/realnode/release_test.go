@@ -269,7 +269,10 @@ func TestRealNodeRelease(t *testing.T) {
 		t.Logf("exit %d:\n%s", code, redact(string(out)))
 		return string(out), code
 	}
-	blocks := quickStartBlocks(t)
+	blocks, err := framework.DocsBlocks("getting-started/helm.md", "quickstart")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(blocks) != 6 || !strings.Contains(blocks[0], "make release VERSION=0.2.0 REGISTRY=registry.example.com/platform") {
 		t.Fatalf("the quick start has %d blocks and step 1 %q: this test runs steps 2-6 after the release above", len(blocks), blocks[0])
 	}
@@ -418,36 +421,6 @@ func keys[V any](m map[string]V) string {
 	}
 	sort.Strings(k)
 	return fmt.Sprint(k)
-}
-
-// quickStartBlocks returns the shell blocks of docs/getting-started/helm.md marked as the quick start.
-func quickStartBlocks(t *testing.T) []string {
-	t.Helper()
-	root, err := framework.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(root, "docs", "getting-started", "helm.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var blocks []string
-	armed, in := false, false
-	var cur strings.Builder
-	for _, line := range strings.Split(string(b), "\n") {
-		switch {
-		case strings.TrimSpace(line) == "<!-- docs-run: quickstart -->":
-			armed = true
-		case armed && !in && strings.HasPrefix(line, "```"):
-			in, cur = true, strings.Builder{}
-		case in && strings.HasPrefix(line, "```"):
-			blocks = append(blocks, cur.String())
-			in, armed = false, false
-		case in:
-			cur.WriteString(line + "\n")
-		}
-	}
-	return blocks
 }
 
 // runningFleet is what a cluster runs before raysync comes: in ns, a token-auth RayService of the
