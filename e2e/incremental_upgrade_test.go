@@ -62,15 +62,7 @@ func TestIncrementalUpgradeWithTheGateOn(t *testing.T) {
 		"b-new-cluster": {newCluster},
 		"c-incremental": {incremental},
 	}
-	for name, opts := range services {
-		rs := rayService(ns, name, "v1")
-		for _, o := range opts {
-			o(rs)
-		}
-		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rs, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	env.createRayServices(ns, services)
 	first := map[string]string{}
 	for name := range services {
 		first[name], _, _ = unstructured.NestedString(env.WaitRayServiceReady(ns, name, 3*time.Minute, nil).Object, "status", "activeServiceStatus", "rayClusterName")

@@ -43,15 +43,7 @@ func TestReplacementsKubeRayWillNotStartAreGivenUpAndTheWaveGoesOn(t *testing.T)
 		}},
 		"new-cluster": {strategy("NewCluster")},
 	}
-	for name, opts := range services {
-		rs := rayService(ns, name, "v1")
-		for _, o := range opts {
-			o(rs)
-		}
-		if _, err := env.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(env.ctx, rs, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	env.createRayServices(ns, services)
 	for name := range services {
 		env.WaitRayServiceReady(ns, name, 3*time.Minute, nil)
 	}
@@ -117,4 +109,18 @@ func ownOperator(t *testing.T, o framework.Options) *Env {
 	env := newEnv(t, cp)
 	env.StandIn()
 	return env
+}
+
+// createRayServices creates a RayService (rayService, version v1) per name, each changed by its opts.
+func (e *Env) createRayServices(ns string, services map[string][]func(*unstructured.Unstructured)) {
+	e.t.Helper()
+	for name, opts := range services {
+		rs := rayService(ns, name, "v1")
+		for _, o := range opts {
+			o(rs)
+		}
+		if _, err := e.Dynamic.Resource(kuberay.RayServiceGVR).Namespace(ns).Create(e.ctx, rs, metav1.CreateOptions{}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 }

@@ -381,17 +381,8 @@ const PrometheusOperatorVersion = "v0.85.0"
 
 // InstallPrometheusOperatorCRDs installs the ServiceMonitor and PrometheusRule CRDs from the Go module.
 func InstallPrometheusOperatorCRDs(ctx context.Context, dyn dynamic.Interface) error {
-	root, err := RepoRoot()
-	if err != nil {
-		return err
-	}
-	dir, err := moduleDir(ctx, root, "github.com/prometheus-operator/prometheus-operator@"+PrometheusOperatorVersion)
-	if err != nil {
-		return err
-	}
-	crds := filepath.Join(dir, "example", "prometheus-operator-crd")
-	return InstallCRDFiles(ctx, dyn, filepath.Join(crds, "monitoring.coreos.com_servicemonitors.yaml"),
-		filepath.Join(crds, "monitoring.coreos.com_prometheusrules.yaml"))
+	return installModuleCRDs(ctx, dyn, "github.com/prometheus-operator/prometheus-operator@"+PrometheusOperatorVersion,
+		"example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml")
 }
 
 // GatewayAPIVersion is the Gateway API module KubeRay v1.6.1 is built against (its go.mod).
@@ -399,17 +390,25 @@ const GatewayAPIVersion = "v1.4.1"
 
 // InstallGatewayAPICRDs installs the standard channel's Gateway and HTTPRoute CRDs from the Go module.
 func InstallGatewayAPICRDs(ctx context.Context, dyn dynamic.Interface) error {
+	return installModuleCRDs(ctx, dyn, "sigs.k8s.io/gateway-api@"+GatewayAPIVersion,
+		"config/crd/standard/gateway.networking.k8s.io_gateways.yaml", "config/crd/standard/gateway.networking.k8s.io_httproutes.yaml")
+}
+
+// installModuleCRDs installs CRDs from files (slash paths) of a Go module at a version.
+func installModuleCRDs(ctx context.Context, dyn dynamic.Interface, module string, files ...string) error {
 	root, err := RepoRoot()
 	if err != nil {
 		return err
 	}
-	dir, err := moduleDir(ctx, root, "sigs.k8s.io/gateway-api@"+GatewayAPIVersion)
+	dir, err := moduleDir(ctx, root, module)
 	if err != nil {
 		return err
 	}
-	crds := filepath.Join(dir, "config", "crd", "standard")
-	return InstallCRDFiles(ctx, dyn, filepath.Join(crds, "gateway.networking.k8s.io_gateways.yaml"),
-		filepath.Join(crds, "gateway.networking.k8s.io_httproutes.yaml"))
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = filepath.Join(dir, filepath.FromSlash(f))
+	}
+	return InstallCRDFiles(ctx, dyn, paths...)
 }
 
 // InstallCRDFiles creates the CRDs in files and waits until they are Established.
